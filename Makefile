@@ -1,0 +1,27 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+VENV := .venv
+BIN := $(VENV)/bin
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+export DS_ACCELERATOR ?= cpu
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: venv demo test lint bench clean
+
+venv:
+	@bash tools/bootstrap_venv.sh
+
+demo: venv
+	$(BIN)/mplug demo
+
+test: venv
+	$(BIN)/python -m pytest -q -x --durations=15 tests
+
+lint: venv
+	$(BIN)/ruff check mplug_pretrain tests
+
+bench: venv
+	$(BIN)/mplug bench all --out bench/results/
+
+clean:
+	rm -rf runs .cache

@@ -1,0 +1,63 @@
+"""Shared benchmark plumbing: machine description, timing, and the JSON form every bench writes:
+{"bench": NAME, "machine": {...}, "rows": [flat objects with named fields], ...extra}."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+def machine_info() -> dict:
+    info = {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return info
+
+
+def median_seconds(fn: Callable[[], None], repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def write_bench(name: str, rows: list[dict], out: str, **extra) -> dict:
+    """Write the bench JSON to ``out`` (a file, or a folder -> ``out/NAME.json``); returns it."""
+    result = {"bench": name, "machine": machine_info(), "rows": rows, **extra}
+    if out.endswith("/") or os.path.isdir(out):
+        out = os.path.join(out, f"{name.replace('-', '_')}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(tmp, out)
+    return result

@@ -1,0 +1,310 @@
+"""Typed run configuration: one resolved YAML describes a run completely.
+
+    load_config("configs/pretrain_tiny.yaml", ["optim.lr_rest=3e-5"]) -> Config
+
+Load order: class defaults <- model preset (``model.preset``) <- YAML file <- overrides.
+Everything is validated before work starts; errors name the dotted field (ConfigError).
+The DeepSpeed config is derived from this (``deepspeed_config``), never typed twice.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import yaml
+
+from mplug_pretrain.config_loader import build_dataclass, deep_merge, parse_overrides, to_dict
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.models.model_config import ModelConfig
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class DataConfig:
+    """Shards: brace patterns; several sources separated by '::' with optional ``train_weights``."""
+    train_shards: str = "data_shards/pretrain/train-{000000..000003}.tar"
+    train_weights: Optional[list[float]] = None
+    val_shards: Optional[str] = None
+    mode: Literal["exact", "resampled"] = "exact"
+    samples_per_epoch: Optional[int] = None  # resampled mode: per-epoch sample budget (all ranks)
+    batch_size: int = 8  # per rank, per micro-step
+    num_workers: int = 2
+    max_text_len: int = 30
+    shuffle_buffer: int = 1000
+    tokenizer: Optional[str] = None  # folder with vocab.txt; default: the MiniLM package's (bert-base-uncased vocab)
+
+
+@dataclass
+class OptimConfig:
+    lr_vision: float = 1e-5
+    lr_rest: float = 1e-4
+    min_lr: float = 1e-6
+    weight_decay: float = 0.02
+    betas: tuple[float, ...] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 1000
+    max_steps: int = 10000  # optimizer steps; the schedule's length
+    grad_accum_steps: int = 1
+    grad_clip: float = 1.0
+    alpha_warmup_steps: int = 0  # ALBEF ramps distillation alpha from 0 over these steps
+
+
+@dataclass
+class DistributedConfig:
+    zero_stage: int = 2
+    template: Optional[str] = None  # DeepSpeed JSON template; default deepspeed_configs/zero{stage}.json
+    offload_optimizer: bool = False
+    precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on a GPU that has it, else fp32
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    timeout_minutes: float = 30.0  # a dead rank fails the job after this instead of hanging it
+
+
+@dataclass
+class RunConfig:
+    name: str = "pretrain"
+    output_dir: str = "runs"
+    seed: int = 42
+    log_every: int = 10
+    checkpoint_every_steps: int = 1000
+    checkpoint_every_minutes: float = 30.0
+    keep_last: int = 3
+    max_nonfinite_in_row: int = 5
+    tensorboard: bool = True
+    deterministic: bool = False
+    inject_nonfinite_at_steps: list[int] = field(default_factory=list)  # testing aid: NaN loss at these steps
+
+
+@dataclass
+class StageConfig:
+    """One stage of a fine-tuning recipe (ExpansionNet v2 steps A-D are four of these)."""
+    name: str = "xe"
+    objective: Literal["xe", "scst"] = "xe"
+    steps: int = 100
+    freeze_vision: bool = False
+    cached_features: bool = False  # read frozen visual features from the on-disk cache
+    lr_rest: Optional[float] = None  # default: optim.lr_rest
+    lr_vision: Optional[float] = None
+
+
+@dataclass
+class CaptionConfig:
+    train_shards: Optional[str] = None
+    val_shards: Optional[str] = None
+    coco_json: Optional[str] = None  # Karpathy dataset_coco.json
+    image_root: Optional[str] = None
+    prompt: str = "a picture of"
+    label_smoothing: float = 0.0
+    scst_samples: int = 5
+    scst_sigma: float = 6.0
+    eos_in_reward: bool = True
+    beam_size: int = 5
+    max_length: int = 20
+    min_length: int = 3
+    length_penalty: float = 1.0
+    feature_cache: Optional[str] = None  # folder for cached frozen visual features
+    stages: list[StageConfig] = field(default_factory=lambda: [StageConfig()])
+
+
+@dataclass
+class VQAConfig:
+    train_shards: Optional[str] = None
+    val_shards: Optional[str] = None
+    answer_list: Optional[str] = None
+    inference: Literal["generate", "rank"] = "generate"
+    rank_k: int = 128
+    max_answer_length: int = 10
+    beam_size: int = 5
+    normalization: Literal["official_2021", "legacy"] = "official_2021"
+    steps: int = 200
+
+
+@dataclass
+class EvalConfig:
+    shards: Optional[str] = None
+    annotations: Optional[str] = None
+    video_root: Optional[str] = None
+    num_frames: int = 8
+    frame_sampling: Literal["uniform", "middle"] = "uniform"
+    video_backend: Literal["auto", "pyav", "decord"] = "auto"
+    k_test: int = 128
+    rerank_score: Literal["itm", "itm+itc"] = "itm"
+    batch_size: int = 16
+    prompt: str = "a video of"
+    output: Optional[str] = None  # metrics JSON path; default <run dir>/metrics_<task>.json
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    caption: CaptionConfig = field(default_factory=CaptionConfig)
+    vqa: VQAConfig = field(default_factory=VQAConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    init_from: Optional[str] = None  # a pretrained model folder (save_pretrained / mplug export)
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.run.output_dir, self.run.name)
+
+
+def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None,
+                check_paths: bool = True) -> Config:
+    """Resolve file + overrides into a validated Config (raises ConfigError)."""
+    raw: dict = {}
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"{path}: config file not found")
+        with open(path) as f:
+            try:
+                raw = yaml.safe_load(f) or {}
+            except yaml.YAMLError as err:
+                raise ConfigError(f"{path}: not valid YAML: {err}") from err
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: top level must be a mapping of sections")
+    raw = deep_merge(raw, parse_overrides(overrides or []))
+    return config_from_dict(raw, check_paths=check_paths)
+
+
+def config_from_dict(raw: dict, check_paths: bool = True) -> Config:
+    cfg = Config()
+    preset = (raw.get("model") or {}).get("preset") if isinstance(raw.get("model"), dict) else None
+    if preset is not None:
+        from mplug_pretrain.models.presets import get_preset_config
+        try:
+            cfg.model = get_preset_config(preset)
+        except KeyError as err:
+            raise ConfigError(f"model.preset: unknown preset {preset!r}") from err
+    cfg = build_dataclass(Config, raw, "", base=cfg)
+    validate(cfg, check_paths=check_paths)
+    return cfg
+
+
+def _positive(value, name: str, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name}: expected {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def validate(cfg: Config, check_paths: bool = True) -> None:
+    cfg.model.validate("model")
+    d, o, dist, r = cfg.data, cfg.optim, cfg.distributed, cfg.run
+    _positive(d.batch_size, "data.batch_size")
+    _positive(d.num_workers, "data.num_workers", allow_zero=True)
+    _positive(d.max_text_len, "data.max_text_len")
+    if d.train_weights is not None and len(d.train_weights) != len(d.train_shards.split("::")):
+        raise ConfigError(f"data.train_weights: {len(d.train_weights)} weights for "
+                          f"{len(d.train_shards.split('::'))} sources in data.train_shards")
+    for name in ("lr_vision", "lr_rest", "min_lr", "eps"):
+        _positive(getattr(o, name), f"optim.{name}", allow_zero=name == "min_lr")
+    _positive(o.weight_decay, "optim.weight_decay", allow_zero=True)
+    _positive(o.warmup_steps, "optim.warmup_steps", allow_zero=True)
+    _positive(o.max_steps, "optim.max_steps")
+    _positive(o.grad_accum_steps, "optim.grad_accum_steps")
+    _positive(o.grad_clip, "optim.grad_clip", allow_zero=True)
+    if o.min_lr > min(o.lr_vision, o.lr_rest):
+        raise ConfigError(f"optim.min_lr: {o.min_lr} is above a peak learning rate")
+    if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
+        raise ConfigError(f"optim.betas: expected two values in [0, 1), got {list(o.betas)}")
+    if dist.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"distributed.zero_stage: expected one of 0, 1, 2, 3, got {dist.zero_stage}")
+    _positive(dist.timeout_minutes, "distributed.timeout_minutes")
+    if dist.offload_optimizer and dist.zero_stage == 0:
+        raise ConfigError("distributed.offload_optimizer: needs zero_stage >= 1")
+    _positive(r.log_every, "run.log_every")
+    _positive(r.checkpoint_every_steps, "run.checkpoint_every_steps")
+    _positive(r.checkpoint_every_minutes, "run.checkpoint_every_minutes")
+    _positive(r.keep_last, "run.keep_last")
+    _positive(r.max_nonfinite_in_row, "run.max_nonfinite_in_row")
+    if not r.name or "/" in r.name or r.name.startswith("."):
+        raise ConfigError(f"run.name: expected a plain folder name, got {r.name!r}")
+    if not 0.0 <= cfg.caption.label_smoothing < 1.0:
+        raise ConfigError(f"caption.label_smoothing: expected in [0, 1), got {cfg.caption.label_smoothing}")
+    _positive(cfg.caption.scst_samples, "caption.scst_samples")
+    _positive(cfg.caption.beam_size, "caption.beam_size")
+    _positive(cfg.eval.num_frames, "eval.num_frames")
+    for i, stage in enumerate(cfg.caption.stages):
+        _positive(stage.steps, f"caption.stages[{i}].steps")
+        if stage.cached_features and not stage.freeze_vision:
+            raise ConfigError(f"caption.stages[{i}].cached_features: needs freeze_vision: true "
+                              "(cached features come from a frozen encoder)")
+    if check_paths:
+        for name, value in (("data.train_shards", d.train_shards), ("data.val_shards", d.val_shards),
+                            ("distributed.template", dist.template), ("init_from", cfg.init_from),
+                            ("caption.train_shards", cfg.caption.train_shards),
+                            ("caption.coco_json", cfg.caption.coco_json),
+                            ("vqa.train_shards", cfg.vqa.train_shards), ("vqa.answer_list", cfg.vqa.answer_list)):
+            if value is not None:
+                check_path(value, name)
+
+
+def check_path(spec: str, name: str) -> None:
+    """Every file a brace pattern / '::' list names must exist."""
+    from mplug_pretrain.shard_urls import expand_urls
+    for url in expand_urls(spec):
+        if "://" in url or url.startswith("pipe:"):
+            continue
+        if not os.path.exists(url) and not glob.glob(url):
+            raise ConfigError(f"{name}: path does not exist: {url}")
+
+
+def save_config(cfg: Config, path: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+    os.replace(tmp, path)
+
+
+def resolve_precision(cfg: Config) -> str:
+    if cfg.distributed.precision != "auto":
+        return cfg.distributed.precision
+    import torch
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def deepspeed_config(cfg: Config, world_size: int) -> dict:
+    """Template (deepspeed_configs/) + the values derived from the run config.
+
+    The template holds ZeRO tuning only; batch sizes, accumulation, clipping, precision and the
+    stage come from ``cfg`` and must not be typed in the template too.
+    """
+    dist = cfg.distributed
+    path = dist.template or os.path.join(REPO_ROOT, "deepspeed_configs", f"zero{dist.zero_stage}.json")
+    with open(path) as f:
+        template = json.load(f)
+    derived_keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                    "gradient_clipping", "optimizer", "scheduler")
+    typed_twice = [k for k in derived_keys if k in template]
+    if typed_twice:
+        raise ConfigError(f"distributed.template: {path} sets {', '.join(typed_twice)}; these are derived "
+                          "from the run config (data.batch_size, optim.*) and must not be typed twice")
+    ds = dict(template)
+    ds["train_micro_batch_size_per_gpu"] = cfg.data.batch_size
+    ds["gradient_accumulation_steps"] = cfg.optim.grad_accum_steps
+    ds["train_batch_size"] = cfg.data.batch_size * cfg.optim.grad_accum_steps * world_size
+    ds["gradient_clipping"] = cfg.optim.grad_clip
+    precision = resolve_precision(cfg)
+    ds["bf16"] = {"enabled": precision == "bf16"}
+    ds.pop("fp16", None)
+    zero = dict(ds.get("zero_optimization", {}))
+    template_stage = zero.get("stage")
+    if dist.template and template_stage is not None and template_stage != dist.zero_stage:
+        raise ConfigError(f"distributed.template: {path} is for ZeRO stage {template_stage}, "
+                          f"but distributed.zero_stage is {dist.zero_stage}")
+    zero["stage"] = dist.zero_stage
+    if dist.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    else:
+        zero.pop("offload_optimizer", None)
+    ds["zero_optimization"] = zero
+    ds["steps_per_print"] = 10 ** 9  # we log ourselves
+    ds.setdefault("wall_clock_breakdown", False)
+    if dist.offload_optimizer:
+        ds["zero_force_ds_cpu_optimizer"] = False
+    return ds

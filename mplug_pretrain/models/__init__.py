@@ -1,0 +1,1 @@
+"""Model library: importable without any training code."""

@@ -1,0 +1,136 @@
+"""Typed model configuration. Plain dataclasses: the run config (``mplug_pretrain.config``) embeds
+``ModelConfig`` and validates types/Literals generically; cross-field rules live in ``validate``.
+
+Presets (tiny / base / large) are built in ``presets.py`` from these classes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from mplug_pretrain.errors import ConfigError
+
+
+@dataclass
+class VisionConfig:
+    """CLIP ViT image encoder. Tokens: 1 + (image_size // patch_size) ** 2."""
+    image_size: int = 256
+    patch_size: int = 16
+    width: int = 768
+    layers: int = 12
+    heads: int = 12
+    mlp_ratio: float = 4.0
+    checkpoint_path: Optional[str] = None  # OpenAI CLIP / open_clip / timm file, loaded at build time
+    checkpoint_format: Literal["auto", "openai", "open_clip", "timm"] = "auto"
+    project_to_text_width: bool = True  # Linear + LayerNorm when width != text width (ViT-L 1024 -> 768)
+
+
+@dataclass
+class TextConfig:
+    """BERT text encoder (first ``encoder_layers`` layers) and fusion (next ``fusion_layers``)."""
+    vocab_size: int = 30522
+    width: int = 768
+    heads: int = 12
+    ffn_dim: int = 3072
+    encoder_layers: int = 6
+    max_positions: int = 512
+    dropout: float = 0.1
+    bert_checkpoint: Optional[str] = None  # BertModel folder; layers split between encoder and fusion
+
+
+@dataclass
+class FusionConfig:
+    """Cross-modal fusion. ``skip`` = mPLUG skip-connected network with ``stride`` S.
+
+    schedule_rule "code": layer j (0-based) is connected iff j != 0 and j % S == 0 (released weights).
+    schedule_rule "paper": layer i (1-based) is connected iff i % (S + 1) == 0 (Algorithm 1).
+    """
+    type: Literal["skip", "all_connected", "two_stream"] = "skip"
+    layers: int = 6
+    stride: int = 3
+    schedule_rule: Literal["code", "paper"] = "code"
+
+
+@dataclass
+class DecoderConfig:
+    """Text decoder head over memory = concat(image_states, text_states).
+
+    bert: BERT LM decoder with cross-attention (mPLUG). expansion: ExpansionNet v2 decoder
+    (dynamic expansion + cross-attention + FFN). acf: decoder with causal adaptive-clustering
+    self-attention.
+    """
+    type: Literal["bert", "expansion", "acf"] = "bert"
+    layers: int = 12
+    heads: int = 12
+    ffn_dim: int = 3072
+    dropout: float = 0.1
+    max_positions: int = 512
+    expansion_slots: int = 16  # N_E for dynamic expansion
+    bert_checkpoint: Optional[str] = None  # full BertModel folder for the bert decoder
+    tie_word_embeddings: bool = True
+
+
+@dataclass
+class VisualRefinerConfig:
+    """Optional refiner over visual tokens before fusion: static expansion (ExpansionNet v2
+    encoder layers) or 2-D adaptive clustering attention (ACF)."""
+    type: Literal["none", "static_expansion", "acf"] = "none"
+    layers: int = 2
+    expansion_slots: int = 64  # N_E for static expansion
+    expansion_group: tuple = ()  # block static expansion coefficient set G; empty = plain static
+
+
+@dataclass
+class HeadsConfig:
+    """Pretraining heads: ITC (+ momentum distillation), ITM, MLM, PrefixLM."""
+    embed_dim: int = 256
+    temperature: float = 0.07
+    queue_size: int = 65536
+    momentum: float = 0.995
+    distill_alpha: float = 0.4
+    use_momentum: bool = True
+    mlm_probability: float = 0.15
+    prefix_min_tokens: int = 1  # PrefixLM split point rule parameters (see heads/prefix_lm)
+    loss_weights: dict = field(default_factory=lambda: {"itc": 1.0, "itm": 1.0, "mlm": 1.0, "prefixlm": 1.0})
+
+
+@dataclass
+class ModelConfig:
+    preset: str = "base"
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    fusion: FusionConfig = field(default_factory=FusionConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    refiner: VisualRefinerConfig = field(default_factory=VisualRefinerConfig)
+    heads: HeadsConfig = field(default_factory=HeadsConfig)
+    grad_checkpointing: bool = False
+
+    def validate(self, prefix: str = "model") -> None:
+        """Cross-field checks; raises ConfigError naming the dotted field."""
+        v, t = self.vision, self.text
+        if v.image_size % v.patch_size:
+            raise ConfigError(f"{prefix}.vision.image_size: {v.image_size} is not a multiple of "
+                              f"patch_size {v.patch_size}")
+        if v.width % v.heads:
+            raise ConfigError(f"{prefix}.vision.width: {v.width} not divisible by heads {v.heads}")
+        if t.width % t.heads:
+            raise ConfigError(f"{prefix}.text.width: {t.width} not divisible by heads {t.heads}")
+        if self.decoder.heads and t.width % self.decoder.heads:
+            raise ConfigError(f"{prefix}.decoder.heads: text width {t.width} not divisible by {self.decoder.heads}")
+        if self.fusion.stride < 1:
+            raise ConfigError(f"{prefix}.fusion.stride: expected >= 1, got {self.fusion.stride}")
+        if self.fusion.layers < 1:
+            raise ConfigError(f"{prefix}.fusion.layers: expected >= 1, got {self.fusion.layers}")
+        if self.heads.queue_size < 1:
+            raise ConfigError(f"{prefix}.heads.queue_size: expected >= 1, got {self.heads.queue_size}")
+        if not 0.0 <= self.heads.momentum < 1.0:
+            raise ConfigError(f"{prefix}.heads.momentum: expected in [0, 1), got {self.heads.momentum}")
+        if not 0.0 < self.heads.mlm_probability < 1.0:
+            raise ConfigError(f"{prefix}.heads.mlm_probability: expected in (0, 1), got {self.heads.mlm_probability}")
+        for path in (v.checkpoint_path, t.bert_checkpoint, self.decoder.bert_checkpoint):
+            if path is not None:
+                import os
+                if not os.path.exists(path):
+                    name = {v.checkpoint_path: "vision.checkpoint_path", t.bert_checkpoint: "text.bert_checkpoint"}.get(
+                        path, "decoder.bert_checkpoint")
+                    raise ConfigError(f"{prefix}.{name}: path does not exist: {path}")

@@ -1,0 +1,1 @@
+"""Training: distributed init, DeepSpeed engine, checkpoints, schedule, logging, one module per task."""

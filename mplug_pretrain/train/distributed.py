@@ -1,0 +1,104 @@
+"""One distributed init for every launcher: torchrun, the deepspeed launcher, ``accelerate launch``
+(all set RANK/WORLD_SIZE/LOCAL_RANK), Slurm ``srun`` (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), or a
+plain single process (we set the variables ourselves, so DeepSpeed never tries MPI discovery).
+
+gloo on CPU, nccl on GPU, and a finite timeout: a dead rank fails the job instead of hanging it.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+
+
+@dataclass
+class WorldInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    launcher: str
+
+
+def world_info_from_env(env: dict | None = None) -> WorldInfo:
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        launcher = "deepspeed" if "CROSS_RANK" in env else "torchrun"
+        return WorldInfo(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)), launcher)
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
+        return WorldInfo(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)), "srun")
+    return WorldInfo(0, 1, 0, "single")
+
+
+def _slurm_master_addr() -> str:
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if nodelist:
+        try:
+            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                                 text=True, check=True, timeout=30).stdout.split()
+            if out:
+                return out[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return "127.0.0.1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def export_launcher_env(info: WorldInfo) -> None:
+    """Make RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT present for torch and DeepSpeed."""
+    os.environ["RANK"] = str(info.rank)
+    os.environ["WORLD_SIZE"] = str(info.world_size)
+    os.environ["LOCAL_RANK"] = str(info.local_rank)
+    if info.launcher == "srun":
+        os.environ.setdefault("MASTER_ADDR", _slurm_master_addr())
+        job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
+        os.environ.setdefault("MASTER_PORT", str(20000 + job_id % 20000))
+    elif info.launcher == "single":
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    else:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+
+
+def resolve_backend(requested: str = "auto") -> str:
+    import torch
+    if requested != "auto":
+        return requested
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> WorldInfo:
+    """Initialise torch.distributed (through DeepSpeed, which then reuses the group)."""
+    import torch
+    info = world_info_from_env()
+    export_launcher_env(info)
+    backend = resolve_backend(backend)
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    else:
+        torch.cuda.set_device(info.local_rank)
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    import deepspeed
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
+                                   timeout=datetime.timedelta(minutes=timeout_minutes),
+                                   rank=info.rank, world_size=info.world_size)
+    return info
+
+
+def is_main_process() -> bool:
+    import torch.distributed as dist
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.barrier()

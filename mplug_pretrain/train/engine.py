@@ -1,0 +1,58 @@
+"""DeepSpeed engine around our model: client AdamW with two LR groups (no DeepSpeed optimizer or
+scheduler, so no JIT optimizer build and no hijacked LR), ZeRO 0-3, bf16, gradient checkpointing.
+
+Momentum encoders under ZeRO-3: every parameter is partitioned, so ``θm ← m·θm + (1−m)·θ`` is
+applied pair by pair inside ``GatheredParameters(modifier_rank=0)``, which broadcasts rank 0's
+result back into the partitions. Stages 0-2 keep parameters replicated and update in place.
+"""
+from __future__ import annotations
+
+import torch
+
+from mplug_pretrain.config import Config, deepspeed_config, resolve_precision
+
+
+def build_optimizer(model, cfg: Config) -> torch.optim.Optimizer:
+    o = cfg.optim
+    groups = model.param_groups(weight_decay=o.weight_decay, lr_vision=o.lr_vision, lr_rest=o.lr_rest)
+    groups = [g for g in groups if len(g["params"]) > 0]
+    for g in groups:
+        g["peak_lr"] = g["lr"]
+    return torch.optim.AdamW(groups, lr=o.lr_rest, betas=tuple(o.betas), eps=o.eps)
+
+
+def build_engine(model, cfg: Config, world_size: int):
+    import deepspeed
+    model.set_grad_checkpointing(cfg.model.grad_checkpointing)
+    optimizer = build_optimizer(model, cfg)
+    ds_config = deepspeed_config(cfg, world_size)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    return engine, optimizer, ds_config
+
+
+def autocast_context(cfg: Config):
+    """bf16 autocast where the run is bf16 (DeepSpeed casts weights; autocast keeps fp32-sensitive
+    ops such as softmax/normalisation in fp32)."""
+    if resolve_precision(cfg) == "bf16":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    import contextlib
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def momentum_update(engine, zero_stage: int) -> None:
+    module = engine.module
+    if not getattr(module, "has_momentum", False):
+        return
+    if zero_stage < 3:
+        module.momentum_update()
+        return
+    import deepspeed
+    import torch.distributed as dist
+    m = module.momentum
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    for param, param_m in module.momentum_pairs():
+        with deepspeed.zero.GatheredParameters([param, param_m], modifier_rank=0):
+            if rank == 0:
+                param_m.data.mul_(m).add_(param.data, alpha=1.0 - m)

@@ -1,0 +1,61 @@
+"""`mplug export`: consolidate any ZeRO stage's checkpoint into ``model.safetensors`` + config,
+loadable with ``MPLUG.from_pretrained`` and no DeepSpeed."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from mplug_pretrain.config import load_config
+from mplug_pretrain.train.checkpoint import read_latest
+
+
+def _locate(path: str, tag: Optional[str]) -> tuple[str, str, str]:
+    """-> (run_dir, checkpoints dir, tag) from a run folder, its checkpoints/ or a tag folder."""
+    path = os.path.abspath(path)
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        run_dir, ckpt_dir = path, os.path.join(path, "checkpoints")
+    elif os.path.isfile(os.path.join(path, "latest")) or os.path.basename(path) == "checkpoints":
+        ckpt_dir, run_dir = path, os.path.dirname(path)
+    else:
+        ckpt_dir, run_dir = os.path.dirname(path), os.path.dirname(os.path.dirname(path))
+        tag = tag or os.path.basename(path)
+    tag = tag or read_latest(ckpt_dir)
+    if tag is None or not os.path.isdir(os.path.join(ckpt_dir, tag)):
+        raise FileNotFoundError(f"{ckpt_dir}: no checkpoint tag found (latest missing?)")
+    return run_dir, ckpt_dir, tag
+
+
+def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
+    """fp32 weights from the ZeRO partitions (stage 1-3) or the plain module file (stage 0),
+    plus buffers (queues and their pointers)."""
+    tag_dir = os.path.join(ckpt_dir, tag)
+    model_file = os.path.join(tag_dir, "mp_rank_00_model_states.pt")
+    # DeepSpeed's own files, written by this user's run; they hold non-tensor objects.
+    states = torch.load(model_file, map_location="cpu", weights_only=False)
+    zero_files = [f for f in os.listdir(tag_dir) if "optim_states" in f]
+    if not zero_files:
+        return {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag)
+    state = {k: v.float().clone() if v.is_floating_point() else v.clone() for k, v in state.items()}
+    module = states.get("module") or {}
+    for name in states.get("buffer_names", []):
+        if name in module and name not in state:
+            state[name] = module[name].clone()
+    return state
+
+
+def export_checkpoint(checkpoint: str, out: str, tag: Optional[str] = None) -> str:
+    from mplug_pretrain.models.mplug import MPLUG
+    run_dir, ckpt_dir, tag = _locate(checkpoint, tag)
+    cfg = load_config(os.path.join(run_dir, "config.yaml"), check_paths=False)
+    model = MPLUG(cfg.model)
+    state = consolidated_state_dict(ckpt_dir, tag)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or missing:
+        raise RuntimeError(f"{ckpt_dir}/{tag}: checkpoint does not match the run's model config: "
+                           f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.save_pretrained(out)
+    return out

@@ -1,0 +1,114 @@
+"""What a user watches: ``log.jsonl`` (one object per step), TensorBoard, a progress bar on a
+terminal and plain log lines otherwise, and loss plots at the end. Rank 0 only."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from typing import Optional
+
+import torch
+
+
+def peak_memory_mb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
+class RunLog:
+    def __init__(self, run_dir: str, total_steps: int, enabled: bool, tensorboard: bool = True,
+                 print_every: int = 10, initial_step: int = 0) -> None:
+        self.enabled = enabled
+        self.print_every = print_every
+        self.start = time.time()
+        self._file = None
+        self._tb = None
+        self._bar = None
+        if not enabled:
+            return
+        os.makedirs(run_dir, exist_ok=True)
+        self.run_dir = run_dir
+        self._file = open(os.path.join(run_dir, "log.jsonl"), "a")
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+            except ImportError:
+                print("[log] tensorboard not installed; skipping TensorBoard events", flush=True)
+        if sys.stdout.isatty():
+            from tqdm import tqdm
+            self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True)
+
+    def step(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        step = record["step"]
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key.replace("lr_", "lr/").replace("loss_", "loss/"), value, step)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(loss=f"{record.get('loss', float('nan')):.3f}",
+                                  sps=f"{record.get('samples_per_s', 0):.1f}")
+        elif step % self.print_every == 0:
+            losses = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("loss"))
+            print(f"[train] step {step} samples {record.get('samples_seen')} {losses} "
+                  f"lr={record.get('lr_rest', record.get('lr_group0', 0)):.2e} "
+                  f"sps={record.get('samples_per_s', 0):.1f} data={record.get('data_time', 0):.3f}s "
+                  f"step={record.get('step_time', 0):.3f}s", flush=True)
+
+    def event(self, message: str) -> None:
+        if self.enabled:
+            print(message, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def read_log(run_dir: str) -> list[dict]:
+    path = os.path.join(run_dir, "log.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_losses(run_dir: str, out_name: str = "losses.png", smooth: int = 10,
+                records: Optional[list[dict]] = None) -> Optional[str]:
+    """One panel per loss key, raw and moving average, from log.jsonl."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_log(run_dir) if records is None else records
+    keys = sorted({k for r in records for k in r if k.startswith("loss")})
+    if not records or not keys:
+        return None
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 2.8), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        points = [(r["step"], r[key]) for r in records if key in r]
+        steps, values = zip(*points)
+        ax.plot(steps, values, alpha=0.35, lw=0.8)
+        if len(values) >= smooth:
+            avg = [sum(values[max(0, i - smooth + 1): i + 1]) / len(values[max(0, i - smooth + 1): i + 1])
+                   for i in range(len(values))]
+            ax.plot(steps, avg, lw=1.5)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    os.makedirs(os.path.join(run_dir, "plots"), exist_ok=True)
+    path = os.path.join(run_dir, "plots", out_name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
