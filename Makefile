@@ -2,7 +2,6 @@
 VENV := .venv
 BIN := $(VENV)/bin
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
-export DS_ACCELERATOR ?= cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 

@@ -20,7 +20,8 @@ eps underflows). Dropout is applied to M, to the forward products and to the bac
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -29,18 +30,22 @@ from torch import Tensor, nn
 EPS = 1e-9  # official ExpansionNet v2 value; safe because Psi runs in fp32
 
 
+def _at_least_fp32(x: Tensor) -> Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def normalize_rows(scores: Tensor, eps: float = EPS) -> Tensor:
-    """Psi (Eq. 4) over the last dim, in fp32 even under bf16 autocast; returns fp32."""
-    scores = scores.float()
+    """Psi (Eq. 4) over the last dim, in fp32 (or fp64 for fp64 input) even under bf16 autocast."""
+    scores = _at_least_fp32(scores)
     return scores / (scores.sum(dim=-1, keepdim=True) + eps)
 
 
 def normalize_rows_per_group(scores: Tensor, group_ids: Tensor, num_groups: int, eps: float = EPS) -> Tensor:
     """Psi applied separately to each group's column block of the last dim (block static backward).
 
-    scores [..., N_tot], group_ids [N_tot] (group index of each column) -> fp32 [..., N_tot].
+    scores [..., N_tot], group_ids [N_tot] (group index of each column) -> at least fp32 [..., N_tot].
     """
-    scores = scores.float()
+    scores = _at_least_fp32(scores)
     sums = scores.new_zeros(*scores.shape[:-1], num_groups).index_add(-1, group_ids, scores)
     return scores / (sums.index_select(-1, group_ids) + eps)
 
@@ -81,7 +86,7 @@ class StaticExpansion(nn.Module):
         m = self.query_vectors @ self.key(x).transpose(-1, -2) / math.sqrt(self.width)
         return self.score_dropout(m)
 
-    def _expand(self, x: Tensor, m: Tensor, key_valid: Optional[Tensor]) -> list[Tensor]:
+    def _expand(self, x: Tensor, m: Tensor, key_valid: Tensor | None) -> list[Tensor]:
         expanded = []
         for sign, value in zip((-1.0, 1.0), self.values):  # stream i = 1 uses -M, i = 2 uses +M
             r = F.relu(sign * m)
@@ -91,11 +96,11 @@ class StaticExpansion(nn.Module):
             expanded.append(self.forward_dropout(normalize_rows(r, self.eps).to(v.dtype) @ v) + self.bias_vectors)
         return expanded
 
-    def expand(self, x: Tensor, key_valid: Optional[Tensor] = None) -> list[Tensor]:
+    def expand(self, x: Tensor, key_valid: Tensor | None = None) -> list[Tensor]:
         """The two expanded sequences F_1, F_2 (Eq. 5), each [B, sum(G), d]."""
         return self._expand(x, self._scores(x), key_valid)
 
-    def forward(self, x: Tensor, key_valid: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, key_valid: Tensor | None = None) -> Tensor:
         m = self._scores(x)
         outs = []
         for sign, f in zip((-1.0, 1.0), self._expand(x, m, key_valid)):
@@ -160,7 +165,7 @@ class DynamicExpansion(nn.Module):
         return allowed
 
     def forward(self, x: Tensor, key_valid: Tensor,
-                state: Optional[DynamicExpansionState] = None) -> tuple[Tensor, DynamicExpansionState]:
+                state: DynamicExpansionState | None = None) -> tuple[Tensor, DynamicExpansionState]:
         b, t_new, d = x.shape
         n_e = self.slots
         if state is not None and not self.causal:

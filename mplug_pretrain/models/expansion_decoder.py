@@ -12,7 +12,7 @@ embedding when cfg.tie_word_embeddings). Input: token embedding * sqrt(d) + lear
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -33,8 +33,8 @@ def check_decoder_config(cfg: DecoderConfig, width: int) -> None:
             raise ConfigError(f"decoder.{name}: expected >= 1, got {getattr(cfg, name)}")
 
 
-def check_decoder_inputs(input_ids: Tensor, attention_mask: Tensor, memory: Optional[Tensor],
-                         memory_mask: Optional[Tensor], past_len: int, width: int) -> None:
+def check_decoder_inputs(input_ids: Tensor, attention_mask: Tensor, memory: Tensor | None,
+                         memory_mask: Tensor | None, past_len: int, width: int) -> None:
     """Shape checks of the decoder_api call; raises ValueError naming the argument."""
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids: expected [B, T_new], got shape {tuple(input_ids.shape)}")
@@ -130,7 +130,7 @@ class ExpansionDecoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, y: Tensor, key_valid: Tensor, memory_kv: tuple[Tensor, Tensor], memory_mask: Tensor,
-                state: Optional[DynamicExpansionState]) -> tuple[Tensor, DynamicExpansionState]:
+                state: DynamicExpansionState | None) -> tuple[Tensor, DynamicExpansionState]:
         h, state = self.expansion(self.norm_expansion(y), key_valid, state)
         y = y + self.dropout(h)
         y = y + self.dropout(self.cross(self.norm_cross(y), *memory_kv, memory_mask))
@@ -175,9 +175,10 @@ class ExpansionDecoder(nn.Module):
             self.lm_head.weight = self.embedding.token.weight
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, memory: Tensor, memory_mask: Tensor,
-                past: Optional[ExpansionDecoderCache] = None, use_cache: bool = False) -> DecoderOutput:
+                past: ExpansionDecoderCache | None = None, use_cache: bool = False) -> DecoderOutput:
         past_len = 0 if past is None else past.length
-        check_decoder_inputs(input_ids, attention_mask, None if past is not None else memory, memory_mask, past_len, self.width)
+        check_decoder_inputs(input_ids, attention_mask, None if past is not None else memory, memory_mask,
+                             past_len, self.width)
         key_valid = attention_mask.bool()
         if past is None:
             memory_kv = tuple(layer.cross.project_memory(memory) for layer in self.layers)

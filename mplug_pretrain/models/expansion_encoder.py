@@ -7,7 +7,7 @@ Output: X~ = LN(X_N + Dropout(W_enc [X_1; ...; X_N]))  (Sec. 3.4, code form).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 
@@ -28,7 +28,7 @@ class StaticExpansionEncoderLayer(nn.Module):
         self.ffn = feed_forward(width, ffn_dim, dropout)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, key_valid: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, key_valid: Tensor | None = None) -> Tensor:
         x = x + self.dropout(self.expansion(self.norm_expansion(x), key_valid))
         return x + self.dropout(self.ffn(self.norm_ffn(x)))
 
@@ -42,7 +42,7 @@ class StaticExpansionRefiner(nn.Module):
     """
 
     def __init__(self, cfg: VisualRefinerConfig, width: int, grid_size: int, *,
-                 ffn_dim: Optional[int] = None, dropout: float = 0.1):
+                 ffn_dim: int | None = None, dropout: float = 0.1):
         super().__init__()
         group = tuple(cfg.expansion_group) or (cfg.expansion_slots,)
         if any(int(n) < 1 for n in group):

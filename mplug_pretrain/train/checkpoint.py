@@ -69,6 +69,8 @@ def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_
     """Collective: every rank calls it. Returns the tag written."""
     tag = tag_for(state.global_step)
     engine.save_checkpoint(ckpt_dir, tag=tag, save_latest=False)
+    if os.environ.get("MPLUG_TEST_KILL_DURING_SAVE_AT_STEP") == str(state.global_step):
+        os.kill(os.getpid(), 9)  # fault injection for tests: die after the weights, before `latest`
     payload = {"trainer": asdict(state), "rng": capture_rng()}
     path = os.path.join(ckpt_dir, tag, f"trainer_state_rank{rank}.pt")
     torch.save(payload, path + ".tmp")

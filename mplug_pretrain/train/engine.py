@@ -56,3 +56,16 @@ def momentum_update(engine, zero_stage: int) -> None:
         with deepspeed.zero.GatheredParameters([param, param_m], modifier_rank=0):
             if rank == 0:
                 param_m.data.mul_(m).add_(param.data, alpha=1.0 - m)
+
+
+def save_final_model(engine, out_dir: str, zero_stage: int, rank: int) -> None:
+    """Full-precision model folder (save_pretrained) from the live engine; under ZeRO-3 the
+    partitions are gathered first (all at once: fine for models that fit one host's memory)."""
+    module = engine.module
+    if zero_stage == 3:
+        import deepspeed
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            if rank == 0:
+                module.save_pretrained(out_dir)
+    elif rank == 0:
+        module.save_pretrained(out_dir)

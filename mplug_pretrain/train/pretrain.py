@@ -16,8 +16,8 @@ import torch.distributed as dist
 from mplug_pretrain.config import Config, save_config
 from mplug_pretrain.train.checkpoint import TrainerState, load_checkpoint, resolve_resume, save_checkpoint
 from mplug_pretrain.train.distributed import init_distributed
-from mplug_pretrain.train.engine import autocast_context, build_engine, momentum_update
-from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses
+from mplug_pretrain.train.engine import autocast_context, build_engine, momentum_update, save_final_model
+from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, truncate_log
 from mplug_pretrain.train.schedule import apply_lr
 from mplug_pretrain.train.signals import StopRequest
 
@@ -98,6 +98,8 @@ def run_pretrain(cfg: Config, resume: Optional[str] = None) -> dict:
     tag = resolve_resume(resume, ckpt_dir)
     if tag is not None:
         state = load_checkpoint(engine, ckpt_dir, tag, rank)
+        if rank == 0:
+            truncate_log(run_dir, state.global_step)
     stop = StopRequest().install()
     o = cfg.optim
     log = RunLog(run_dir, o.max_steps, enabled=rank == 0, tensorboard=cfg.run.tensorboard,
@@ -207,8 +209,10 @@ def run_pretrain(cfg: Config, resume: Optional[str] = None) -> dict:
         if state.global_step >= o.max_steps:
             break
     log.close()
-    if rank == 0 and exit_reason == "finished":
-        plot_losses(run_dir)
+    if exit_reason == "finished":
+        save_final_model(engine, os.path.join(run_dir, "model"), cfg.distributed.zero_stage, rank)
+        if rank == 0:
+            plot_losses(run_dir)
     summary = {"exit": exit_reason, "global_step": state.global_step, "samples_seen": state.samples_seen,
                "nonfinite_skipped": state.nonfinite_skipped, "run_dir": run_dir}
     return {"summary": summary, "engine": engine, "state": state}

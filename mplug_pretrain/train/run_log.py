@@ -84,6 +84,20 @@ def read_log(run_dir: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def truncate_log(run_dir: str, last_step: int) -> int:
+    """On resume, drop records of steps after the checkpoint (they are trained again), so the log
+    holds each step of the resumed trajectory once. Returns how many records were dropped."""
+    records = read_log(run_dir)
+    kept = [r for r in records if r.get("step", 0) <= last_step]
+    if len(kept) == len(records):
+        return 0
+    path = os.path.join(run_dir, "log.jsonl")
+    with open(path + ".tmp", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+    os.replace(path + ".tmp", path)
+    return len(records) - len(kept)
+
+
 def plot_losses(run_dir: str, out_name: str = "losses.png", smooth: int = 10,
                 records: Optional[list[dict]] = None) -> Optional[str]:
     """One panel per loss key, raw and moving average, from log.jsonl."""

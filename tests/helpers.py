@@ -1,0 +1,28 @@
+"""Helpers shared by the integration tests: run the real CLI in a subprocess."""
+import json
+import os
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_mplug(args, env=None, timeout=900):
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "mplug_pretrain.cli", *args], cwd=REPO_ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def read_log(run_dir):
+    path = os.path.join(str(run_dir), "log.jsonl")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def tiny_pretrain_args(tmp_path, shards, name, steps, extra=()):
+    """A tiny-preset pretraining run of ``steps`` steps on the demo shards, deterministic."""
+    return ["--config", os.path.join(REPO_ROOT, "configs", "pretrain_tiny.yaml"),
+            f"data.train_shards={shards['pretrain_train']}", "data.batch_size=4", "data.num_workers=1",
+            f"optim.max_steps={steps}", "optim.warmup_steps=1", f"run.output_dir={tmp_path}",
+            f"run.name={name}", "run.tensorboard=false", "model.heads.queue_size=32", *extra]
