@@ -1,0 +1,133 @@
+"""COCO caption metrics through pycocoevalcap, as the coco-caption toolkit computes them.
+
+Inputs: ``predictions`` {image_id: caption} (or COCO results [{"image_id", "caption"}]) and
+``references`` {image_id: [caption, ...]}, raw text. Both go through the Stanford PTBTokenizer
+(lower-cased, punctuation removed), then BLEU-1..4, METEOR 1.5, ROUGE-L, CIDEr (= CIDEr-D: n=4,
+sigma=6, clipped, x10, df from the evaluated references) and SPICE.
+
+Java (tokenizer, METEOR, SPICE) must be on PATH. SPICE also needs the Stanford CoreNLP 3.6.0
+jars in pycocoevalcap's ``spice/lib``; pycocoevalcap downloads them at first use, which fails
+offline, so with ``spice="auto"`` SPICE is skipped (one log line) when they are absent.
+pycocoevalcap writes its temporary files inside its own package folder.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Literal
+
+ImageId = Hashable
+Predictions = Mapping[ImageId, str] | Sequence[Mapping[str, object]]
+
+log = logging.getLogger(__name__)
+
+_SPICE_CORENLP_JARS = ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar")
+
+
+def predictions_as_dict(predictions: Predictions) -> dict[ImageId, str]:
+    """{image_id: caption} from either form; a duplicated image id is an error."""
+    if isinstance(predictions, Mapping):
+        out = dict(predictions)
+    else:
+        out = {}
+        for i, item in enumerate(predictions):
+            if "image_id" not in item or "caption" not in item:
+                raise ValueError(f"predictions[{i}]: needs 'image_id' and 'caption', got keys {sorted(item)}")
+            if item["image_id"] in out:
+                raise ValueError(f"predictions[{i}]: image_id {item['image_id']!r} appears twice")
+            out[item["image_id"]] = item["caption"]
+    for image_id, caption in out.items():
+        if not isinstance(caption, str):
+            raise TypeError(f"predictions[{image_id!r}]: caption must be a str, got {type(caption).__name__}")
+    return out
+
+
+def write_caption_results(predictions: Predictions, path: str) -> list[dict]:
+    """Write the COCO results format ``[{"image_id": id, "caption": str}]`` (sorted by id)."""
+    preds = predictions_as_dict(predictions)
+    rows = [{"image_id": image_id, "caption": caption} for image_id, caption in sorted(preds.items(), key=lambda kv: str(kv[0]))]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(rows, f)
+    os.replace(tmp, path)
+    return rows
+
+
+def load_coco_references(annotation_file: str) -> dict[ImageId, list[str]]:
+    """{image_id: [captions]} from a COCO captions annotation file (e.g. captions_val2014.json)."""
+    with open(annotation_file) as f:
+        data = json.load(f)
+    if "annotations" not in data:
+        raise ValueError(f"{annotation_file}: not a COCO captions file (no 'annotations' key)")
+    refs: dict[ImageId, list[str]] = {}
+    for ann in data["annotations"]:
+        refs.setdefault(ann["image_id"], []).append(ann["caption"])
+    return refs
+
+
+def spice_jars_present() -> bool:
+    from pycocoevalcap.spice import spice as spice_module
+
+    lib = os.path.join(os.path.dirname(os.path.abspath(spice_module.__file__)), "lib")
+    return all(os.path.isfile(os.path.join(lib, jar)) for jar in _SPICE_CORENLP_JARS)
+
+
+def evaluate_captions(predictions: Predictions, references: Mapping[ImageId, Sequence[str]],
+                      spice: Literal["auto", "on", "off"] = "auto", require_all: bool = True) -> dict[str, float]:
+    """Corpus scores {"Bleu_1".."Bleu_4", "METEOR", "ROUGE_L", "CIDEr"[, "SPICE"]} on the predicted images.
+
+    ``require_all``: every referenced image must have a prediction (a silent subset evaluation
+    is a common way to report the wrong number). ``spice``: "auto" runs SPICE when its jars are
+    present, "on" requires it, "off" skips it.
+    """
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.meteor.meteor import Meteor
+    from pycocoevalcap.rouge.rouge import Rouge
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+
+    if spice not in ("auto", "on", "off"):
+        raise ValueError(f"spice: expected 'auto', 'on' or 'off', got {spice!r}")
+    run_spice = spice != "off" and spice_jars_present()
+    if spice == "on" and not run_spice:
+        raise RuntimeError(f"SPICE requested but {' and '.join(_SPICE_CORENLP_JARS)} are missing from "
+                           "pycocoevalcap/spice/lib (download Stanford CoreNLP 3.6.0 there)")
+    preds = predictions_as_dict(predictions)
+    if not preds:
+        raise ValueError("predictions: empty")
+    missing_refs = [i for i in preds if not references.get(i)]
+    if missing_refs:
+        raise ValueError(f"references: no reference captions for {len(missing_refs)} predicted images, e.g. {missing_refs[0]!r}")
+    if require_all:
+        unpredicted = [i for i in references if i not in preds]
+        if unpredicted:
+            raise ValueError(f"predictions: {len(unpredicted)} referenced images have no prediction, e.g. "
+                             f"{unpredicted[0]!r} (pass require_all=False to score the predicted subset)")
+    if shutil.which("java") is None:
+        raise RuntimeError("caption metrics need Java on PATH (PTBTokenizer, METEOR, SPICE); install a JRE 8+")
+
+    # one tokenizer run for both sides: the tokenizer keeps one line per caption
+    tokenized = PTBTokenizer().tokenize(
+        {("ref", i): [{"caption": c} for c in references[i]] for i in preds}
+        | {("res", i): [{"caption": preds[i]}] for i in preds})
+    gts = {i: tokenized[("ref", i)] for i in preds}
+    res = {i: tokenized[("res", i)] for i in preds}
+
+    results: dict[str, float] = {}
+    bleu, _ = Bleu(4).compute_score(gts, res)
+    results.update({f"Bleu_{k + 1}": float(b) for k, b in enumerate(bleu)})
+    results["METEOR"] = float(Meteor().compute_score(gts, res)[0])
+    results["ROUGE_L"] = float(Rouge().compute_score(gts, res)[0])
+    results["CIDEr"] = float(Cider().compute_score(gts, res)[0])
+    if run_spice:
+        from pycocoevalcap.spice.spice import Spice
+
+        results["SPICE"] = float(Spice().compute_score(gts, res)[0])
+    elif spice == "auto":
+        log.warning("SPICE skipped: Stanford CoreNLP 3.6.0 jars are not in pycocoevalcap/spice/lib "
+                    "(pycocoevalcap downloads them at first use, which needs network)")
+    return results
