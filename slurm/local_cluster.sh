@@ -122,7 +122,7 @@ SlurmctldTimeout=30
 SlurmdTimeout=60
 MessageTimeout=20
 InactiveLimit=0
-# finished jobs stay visible to `scontrol show job` for 10 minutes (exit codes, restart counts)
+# finished jobs stay visible to "scontrol show job" for 10 minutes (exit codes, restart counts)
 MinJobAge=600
 KillWait=5
 Waittime=0
@@ -141,6 +141,7 @@ add_hosts_line() {  # node names -> 127.0.0.1, in one line tagged with our direc
   local line; line="127.0.0.1 $(node_names | paste -sd' ') ${HOSTS_MARKER}"
   grep -qxF "$line" /etc/hosts && return 0
   remove_hosts_line
+  [[ -z $(tail -c 1 /etc/hosts) ]] || echo >> /etc/hosts
   echo "$line" >> /etc/hosts || die "cannot write /etc/hosts (node names must resolve)"
 }
 
@@ -168,7 +169,7 @@ configure() {
 pid_of() {  # pid_of PIDFILE COMM: prints the pid if the pid file names a live process called COMM
   local pid
   [[ -s $1 ]] || return 1
-  pid=$(tr -dc '0-9' < "$1")
+  pid=$({ tr -dc '0-9' < "$1"; } 2> /dev/null) || return 1
   [[ -n $pid && $(cat "/proc/$pid/comm" 2>/dev/null) == "$2" ]] || return 1
   [[ $(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) != Z ]] || return 1
   echo "$pid"
@@ -278,6 +279,7 @@ do_status() {
 do_selftest() {  # 2 nodes, one srun task each; both node names must appear
   local work jid out k
   work=$(mktemp -d "$DIR/selftest.XXXX")
+  # shellcheck disable=SC2016  # expanded by the job's shell, not here
   jid=$(sbatch --parsable --nodes="$NODES" --ntasks-per-node=1 --time=2 --chdir="$work" \
         --output="$work/out.txt" --wrap 'srun bash -c "echo task \$SLURM_PROCID on \$SLURMD_NODENAME"')
   for ((k = 0; k < 300; k++)); do [[ -z $(squeue -h -j "$jid" 2> /dev/null) ]] && break; sleep 0.1; done

@@ -43,19 +43,21 @@ def autocast_context(cfg: Config):
 @torch.no_grad()
 def momentum_update(engine, zero_stage: int) -> None:
     module = engine.module
-    if not getattr(module, "has_momentum", False):
+    pairs = module._momentum_pairs()
+    if not pairs:
         return
     if zero_stage < 3:
         module.momentum_update()
         return
     import deepspeed
     import torch.distributed as dist
-    m = module.momentum
+    m = module.config.heads.momentum
     rank = dist.get_rank() if dist.is_initialized() else 0
-    for param, param_m in module.momentum_pairs():
-        with deepspeed.zero.GatheredParameters([param, param_m], modifier_rank=0):
-            if rank == 0:
-                param_m.data.mul_(m).add_(param.data, alpha=1.0 - m)
+    for online, momentum in pairs:
+        for p, p_m in zip(online.parameters(), momentum.parameters()):
+            with deepspeed.zero.GatheredParameters([p, p_m], modifier_rank=0):
+                if rank == 0:
+                    p_m.data.mul_(m).add_(p.data.to(p_m.dtype), alpha=1.0 - m)
 
 
 def save_final_model(engine, out_dir: str, zero_stage: int, rank: int) -> None:

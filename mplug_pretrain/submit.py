@@ -1,0 +1,213 @@
+"""`mplug submit pretrain|finetune|eval`: validate the run config, render an sbatch script into
+``<run_dir>/submit/<kind>.sbatch`` and submit it with ``sbatch`` (or print it with ``--dry-run``).
+
+    mplug submit pretrain --nodes 4 --gpus-per-node 8 --time 24:00:00 --partition gpu \\
+        --config configs/pretrain_base.yaml distributed.precision=bf16 distributed.zero_stage=2
+    mplug submit eval caption,retrieval --checkpoint runs/a/export runs/b/export --nodes 1 ... --config FILE
+
+Eval submits a job array: one array task per (task, checkpoint) pair, in that order, each writing
+``<run_dir>/eval/<index>-<task>-<checkpoint name>.json`` (passed to ``mplug eval`` as ``--out``).
+The script layout and the preemption protocol are described in :mod:`mplug_pretrain.slurm_script`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.slurm_script import (
+    KINDS,
+    SlurmJob,
+    check_sbatch_value,
+    default_signal_seconds,
+    render_script,
+)
+
+FINETUNE_TASKS = ("caption", "vqa")
+EVAL_TASKS = ("caption", "vqa", "retrieval", "video-retrieval", "video-qa", "video-caption")
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """Accepts positionals between options (``eval caption --config c.yaml k=v --time 1:00:00``):
+    plain argparse fills every positional at its first chunk and rejects later ``key=value`` words."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixing:  # the intermixed parser calls back into this method
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
+def add_submit_parser(subparsers) -> None:
+    """Registers ``submit`` with one sub-command per job kind on the ``mplug`` parser."""
+    parser = subparsers.add_parser("submit", help="render an sbatch script into the run folder and submit it")
+    kinds = parser.add_subparsers(
+        dest="submit_kind", required=True, metavar="pretrain|finetune|eval", parser_class=_IntermixedParser
+    )
+    helps = {
+        "pretrain": "multi-node pretraining (requeued with resume on preemption)",
+        "finetune": "fine-tuning: caption | vqa",
+        "eval": "a job array: one evaluation per (task, checkpoint)",
+    }
+    for kind in KINDS:
+        p = kinds.add_parser(kind, help=helps[kind])
+        if kind == "finetune":
+            p.add_argument("task", choices=FINETUNE_TASKS)
+        if kind == "eval":
+            p.add_argument("tasks", help="evaluation task(s), comma-separated: " + ",".join(EVAL_TASKS))
+            p.add_argument(
+                "--checkpoint",
+                nargs="+",
+                action="extend",
+                required=True,
+                metavar="DIR",
+                help="checkpoint folder(s); put key=value overrides before this option",
+            )
+            p.add_argument("--array", default=None, help="a subset of the array indices, e.g. 0-3%%2")
+        _add_job_options(p)
+        p.set_defaults(func=cmd_submit, submit_kind=kind)
+
+
+def _add_job_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML run config (configs/*.yaml)")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument(
+        "--gpus-per-node", type=int, default=0, help="one task per GPU; 0 = one CPU process per node"
+    )
+    p.add_argument("--time", required=True, help="time limit, HH:MM:SS or D-HH:MM:SS")
+    p.add_argument("--partition", default=None)
+    p.add_argument("--account", default=None)
+    p.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task (data-loader workers)")
+    p.add_argument("--job-name", default=None, help="default: <run.name>-<kind>")
+    p.add_argument(
+        "--signal-seconds",
+        type=int,
+        default=None,
+        help="USR1 this many seconds before the time limit: checkpoint, requeue, resume "
+        "(default 300, or a tenth of a shorter limit)",
+    )
+    p.add_argument("--python", default=None, help="python that runs the job (default: this one)")
+    p.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, passed on verbatim")
+
+
+def _checkpoint_label(path: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(os.path.normpath(path))) or "checkpoint"
+
+
+def build_job(kind: str, args: argparse.Namespace) -> SlurmJob:
+    """Validates the config (with its overrides) and the options; returns the job to render."""
+    from mplug_pretrain.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    run_dir = os.path.abspath(cfg.run_dir)
+    config = os.path.abspath(args.config)
+    python = args.python or sys.executable
+    if os.sep in python:
+        python = os.path.abspath(python)  # not realpath: a venv's python is a symlink that must stay one
+    program = (python, "-m", "mplug_pretrain.cli")
+    overrides = tuple(args.overrides)
+    if kind == "pretrain":
+        commands = [(*program, "pretrain", "--config", config, "--resume", "auto", *overrides)]
+    elif kind == "finetune":
+        commands = [(*program, "finetune", args.task, "--config", config, "--resume", "auto", *overrides)]
+    else:
+        commands = _eval_commands(program, config, run_dir, args, overrides)
+    job_name = args.job_name or check_sbatch_value(
+        f"{cfg.run.name}-{kind}", "run.name (the default --job-name)"
+    )
+    signal_seconds = default_signal_seconds(args.time) if args.signal_seconds is None else args.signal_seconds
+    return SlurmJob(
+        kind=kind,
+        job_name=job_name,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        time=args.time,
+        workdir=os.getcwd(),
+        run_dir=run_dir,
+        commands=tuple(commands),
+        signal_seconds=signal_seconds,
+        partition=args.partition,
+        account=args.account,
+        cpus_per_task=args.cpus_per_task,
+        array=getattr(args, "array", None),
+    )
+
+
+def _eval_commands(
+    program: tuple[str, ...], config: str, run_dir: str, args: argparse.Namespace, overrides: tuple[str, ...]
+) -> list[tuple[str, ...]]:
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in EVAL_TASKS]
+    if not tasks or unknown:
+        raise ConfigError(
+            f"tasks: expected a comma-separated subset of {','.join(EVAL_TASKS)}, got {args.tasks!r}"
+        )
+    checkpoints = [os.path.abspath(c) for c in args.checkpoint]
+    for given, path in zip(args.checkpoint, checkpoints):
+        if "=" in given and not os.path.exists(path):
+            raise ConfigError(
+                f"--checkpoint: {given!r} looks like an override; put key=value before --checkpoint"
+            )
+        if not os.path.exists(path):
+            raise ConfigError(f"--checkpoint: {given!r} does not exist")
+    commands = []
+    for task in tasks:
+        for checkpoint in checkpoints:
+            out = f"{run_dir}/eval/{len(commands)}-{task}-{_checkpoint_label(checkpoint)}.json"
+            argv = ("eval", task, "--config", config, "--checkpoint", checkpoint, "--out", out)
+            commands.append((*program, *argv, *overrides))
+    return commands
+
+
+def render_sbatch(kind: str, args: argparse.Namespace) -> str:
+    """The sbatch script ``mplug submit <kind>`` would write for these parsed arguments."""
+    return render_script(build_job(kind, args))
+
+
+def submit_script(job: SlurmJob, script: str) -> str:
+    """Writes the script into the run folder, runs ``sbatch`` and returns the job id."""
+    os.makedirs(os.path.dirname(job.script_path), exist_ok=True)
+    with open(job.script_path, "w") as f:
+        f.write(script)
+    try:
+        result = subprocess.run(
+            ["sbatch", "--parsable", job.script_path],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except FileNotFoundError as err:
+        raise RuntimeError(
+            "sbatch not found: install Slurm's client or run on a login node "
+            "(slurm/local_cluster.sh starts a local cluster)"
+        ) from err
+    if result.returncode != 0:
+        raise RuntimeError(f"sbatch {job.script_path} failed ({result.returncode}): {result.stderr.strip()}")
+    return result.stdout.strip().split(";")[0]
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    job = build_job(args.submit_kind, args)
+    script = render_script(job)
+    if args.dry_run:
+        print(script, end="")
+        return 0
+    try:
+        job_id = submit_script(job, script)
+    except RuntimeError as err:
+        print(f"mplug submit: {err}", file=sys.stderr)
+        return 1
+    print(job_id)
+    print(f"script {job.script_path}\nlog    {job.log_pattern}", file=sys.stderr)
+    return 0

@@ -1,0 +1,172 @@
+"""`mplug submit ... --dry-run`: the printed script, run under bash with srun/scontrol stand-ins and a
+recording "python", starts exactly the `mplug` command line a user would type by hand."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from mplug_pretrain.cli import main
+
+
+def _dry_run(capsys, argv: list[str]) -> str:
+    assert main(["submit", *argv, "--dry-run"]) == 0
+    return capsys.readouterr().out
+
+
+def test_pretrain_runs_the_cli_with_resume_and_verbatim_overrides(
+    tmp_path, submit_config, capsys, fake_slurm, argv_recorder
+):
+    config = submit_config
+    overrides = [f"data.tokenizer=$(touch {tmp_path / 'pwned'})", "optim.lr_rest=5e-5"]
+    script = _dry_run(
+        capsys,
+        [
+            "pretrain",
+            overrides[0],
+            "--nodes",
+            "2",
+            "--time",
+            "00:30:00",
+            "--config",
+            config,
+            "--python",
+            argv_recorder.path,
+            *overrides[1:],
+        ],
+    )  # overrides between options
+    assert not (tmp_path / "runs").exists()  # a dry run writes nothing
+    result = fake_slurm.run(script, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    [call] = argv_recorder.calls()
+    assert call["argv"] == [
+        "-m",
+        "mplug_pretrain.cli",
+        "pretrain",
+        "--config",
+        config,
+        "--resume",
+        "auto",
+        *overrides,
+    ]
+    assert not (tmp_path / "pwned").exists()
+    assert f"RUN_DIR={tmp_path / 'runs' / 'tiny_run'}" in script.splitlines()
+
+
+def test_finetune_command(tmp_path, submit_config, capsys, fake_slurm, argv_recorder):
+    config = submit_config
+    script = _dry_run(
+        capsys, ["finetune", "vqa", "--time", "01:00:00", "--config", config, "--python", argv_recorder.path]
+    )
+    assert fake_slurm.run(script, cwd=str(tmp_path)).returncode == 0
+    [call] = argv_recorder.calls()
+    assert call["argv"] == [
+        "-m",
+        "mplug_pretrain.cli",
+        "finetune",
+        "vqa",
+        "--config",
+        config,
+        "--resume",
+        "auto",
+    ]
+
+
+def test_eval_array_covers_every_task_and_checkpoint(
+    tmp_path, submit_config, capsys, fake_slurm, argv_recorder
+):
+    config = submit_config
+    checkpoints = [tmp_path / "step 100", tmp_path / "step_200"]
+    for c in checkpoints:
+        c.mkdir()
+    script = _dry_run(
+        capsys,
+        [
+            "eval",
+            "caption,vqa",
+            "--time",
+            "01:00:00",
+            "--config",
+            config,
+            "--python",
+            argv_recorder.path,
+            "eval.num_frames=4",
+            "--checkpoint",
+            *map(str, checkpoints),
+        ],
+    )
+    assert "#SBATCH --array=0-3" in script.splitlines()
+    run_dir = tmp_path / "runs" / "tiny_run"
+    expected = []
+    for task in ("caption", "vqa"):
+        for checkpoint, label in zip(checkpoints, ("step_100", "step_200")):
+            out = f"{run_dir}/eval/{len(expected)}-{task}-{label}.json"
+            expected.append(
+                [
+                    "-m",
+                    "mplug_pretrain.cli",
+                    "eval",
+                    task,
+                    "--config",
+                    config,
+                    "--checkpoint",
+                    str(checkpoint),
+                    "--out",
+                    out,
+                    "eval.num_frames=4",
+                ]
+            )
+    for index in range(4):
+        assert fake_slurm.run(script, cwd=str(tmp_path), SLURM_ARRAY_TASK_ID=str(index)).returncode == 0
+    assert sorted((c["argv"] for c in argv_recorder.calls()), key=lambda a: a[-2]) == expected
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["pretrain", "run.name=$(touch /tmp/pwned)"], "run.name"),  # the config refuses it first
+        (["pretrain", "run.name=';touch pw'"], "run.name"),  # a plain name for the config, not for #SBATCH
+        (["pretrain", "--time", "2 days"], "--time"),
+        (["pretrain", "--signal-seconds", "7200"], "--signal-seconds"),
+        (["pretrain", "--partition", "gpu;reboot"], "--partition"),
+    ],
+)
+def test_bad_values_fail_before_submission(submit_config, capsys, argv, message):
+    kind, *rest = argv
+    options = ["--config", submit_config, *rest]
+    if "--time" not in rest:
+        options += ["--time", "01:00:00"]
+    assert main(["submit", kind, *options, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "#!/bin/bash" not in err
+
+
+def test_eval_checkpoint_errors(tmp_path, submit_config, capsys):
+    config = submit_config
+    base = ["submit", "eval", "caption", "--time", "01:00:00", "--config", config, "--dry-run"]
+    assert main([*base, "--checkpoint", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    os.mkdir(tmp_path / "ckpt")
+    assert main([*base, "--checkpoint", str(tmp_path / "ckpt"), "eval.num_frames=4"]) == 2
+    assert "put key=value before --checkpoint" in capsys.readouterr().err
+    assert main([*base, "--checkpoint", str(tmp_path / "ckpt"), "--array", "0-1"]) == 2
+    assert "beyond the 1 evaluations" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "submit",
+                "eval",
+                "captioning",
+                "--time",
+                "01:00:00",
+                "--config",
+                config,
+                "--checkpoint",
+                str(tmp_path / "ckpt"),
+                "--dry-run",
+            ]
+        )
+        == 2
+    )
+    assert "tasks:" in capsys.readouterr().err
