@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+from mplug_pretrain.cli_parsing import IntermixedParser
 from mplug_pretrain.errors import ConfigError, DataError
 
 
@@ -39,10 +40,12 @@ def cmd_pretrain(args) -> int:
     cfg = _load(args)  # validate before anything starts, also before a relaunch
     if args.nproc and args.nproc > 1 and "RANK" not in os.environ:
         return _relaunch_with_torchrun(args.nproc)
+    from mplug_pretrain.train.distributed import shutdown_distributed
     from mplug_pretrain.train.pretrain import run_pretrain
-    result = run_pretrain(cfg, resume=args.resume)
-    if result["summary"]["exit"] == "preempted":
-        return 0
+    try:
+        run_pretrain(cfg, resume=args.resume)  # a preempted run saved and exits 0; Slurm requeues it
+    finally:
+        shutdown_distributed()
     return 0
 
 
@@ -119,7 +122,7 @@ COMMANDS = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mplug", description="mPLUG-style vision-language pretraining")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>", parser_class=IntermixedParser)
     for register in COMMANDS:
         register(sub)
     return parser

@@ -13,6 +13,8 @@ The script layout and the preemption protocol are described in :mod:`mplug_pretr
 from __future__ import annotations
 
 import argparse
+
+from mplug_pretrain.cli_parsing import IntermixedParser
 import os
 import re
 import subprocess
@@ -31,27 +33,11 @@ FINETUNE_TASKS = ("caption", "vqa")
 EVAL_TASKS = ("caption", "vqa", "retrieval", "video-retrieval", "video-qa", "video-caption")
 
 
-class _IntermixedParser(argparse.ArgumentParser):
-    """Accepts positionals between options (``eval caption --config c.yaml k=v --time 1:00:00``):
-    plain argparse fills every positional at its first chunk and rejects later ``key=value`` words."""
-
-    _intermixing = False
-
-    def parse_known_args(self, args=None, namespace=None):
-        if self._intermixing:  # the intermixed parser calls back into this method
-            return super().parse_known_args(args, namespace)
-        self._intermixing = True
-        try:
-            return self.parse_known_intermixed_args(args, namespace)
-        finally:
-            self._intermixing = False
-
-
 def add_submit_parser(subparsers) -> None:
     """Registers ``submit`` with one sub-command per job kind on the ``mplug`` parser."""
     parser = subparsers.add_parser("submit", help="render an sbatch script into the run folder and submit it")
     kinds = parser.add_subparsers(
-        dest="submit_kind", required=True, metavar="pretrain|finetune|eval", parser_class=_IntermixedParser
+        dest="submit_kind", required=True, metavar="pretrain|finetune|eval", parser_class=IntermixedParser
     )
     helps = {
         "pretrain": "multi-node pretraining (requeued with resume on preemption)",

@@ -6,6 +6,8 @@ import importlib
 import importlib.util
 import json
 
+from mplug_pretrain.cli_parsing import IntermixedParser
+
 FINETUNE_TASKS = {
     "caption": "mplug_pretrain.train.caption_task",
     "vqa": "mplug_pretrain.train.vqa_task",
@@ -45,7 +47,7 @@ def cmd_finetune(args) -> int:
 def cmd_eval(args) -> int:
     cfg = _load(args)
     module = importlib.import_module(EVAL_TASKS[args.task])
-    metrics = module.run(cfg, checkpoint=args.checkpoint)
+    metrics = module.run(cfg, checkpoint=args.checkpoint, out=args.out)
     print(json.dumps(metrics, indent=2))
     return 0
 
@@ -55,10 +57,13 @@ def register_finetune(sub) -> None:
     if not tasks:
         return
     p = sub.add_parser("finetune", help="fine-tune a pretrained model: " + " | ".join(tasks))
-    p.add_argument("task", choices=sorted(tasks))
-    _add_config(p)
-    p.add_argument("--resume", default=None, help="latest | auto | a checkpoint tag")
-    p.set_defaults(func=cmd_finetune)
+    kinds = p.add_subparsers(dest="task", required=True, metavar="|".join(sorted(tasks)),
+                             parser_class=IntermixedParser)
+    for task in sorted(tasks):
+        q = kinds.add_parser(task, help=f"fine-tune for {task}")
+        _add_config(q)
+        q.add_argument("--resume", default=None, help="latest | auto | a checkpoint tag")
+        q.set_defaults(func=cmd_finetune)
 
 
 def register_eval(sub) -> None:
@@ -66,10 +71,14 @@ def register_eval(sub) -> None:
     if not tasks:
         return
     p = sub.add_parser("eval", help="evaluate a checkpoint: " + " | ".join(tasks))
-    p.add_argument("task", choices=sorted(tasks))
-    _add_config(p)
-    p.add_argument("--checkpoint", required=True, help="a model folder (save_pretrained / mplug export)")
-    p.set_defaults(func=cmd_eval)
+    kinds = p.add_subparsers(dest="task", required=True, metavar="|".join(sorted(tasks)),
+                             parser_class=IntermixedParser)
+    for task in sorted(tasks):
+        q = kinds.add_parser(task, help=f"evaluate {task}")
+        _add_config(q)
+        q.add_argument("--checkpoint", required=True, help="a model folder (save_pretrained / mplug export)")
+        q.add_argument("--out", default=None, help="metrics JSON (default: eval.output or the run folder)")
+        q.set_defaults(func=cmd_eval)
 
 
 def register_caption(sub) -> None:

@@ -102,3 +102,10 @@ def barrier() -> None:
     import torch.distributed as dist
     if dist.is_initialized():
         dist.barrier()
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group at exit: without it gloo may abort a rank while exiting."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,57 @@
+"""Counts of what the reader skipped, decoded and padded.
+
+Each worker process counts into its own ``DecodeStats``; every batch it emits carries the counts
+added since its previous batch (``take_delta()``, a small dict under ``batch["__stats__"]``), and
+the loader in the main process ``merge``s them, so the main process sees all workers' counts.
+
+Counters: ``decoded`` (usable samples), ``padded`` (filler samples flagged ``is_pad``), and the
+skip reasons: ``truncated_tar``/``bad_tar`` (per shard), ``missing_samples`` (listed in the
+manifest but never read, e.g. behind a truncation), ``missing_image``, ``empty_image``,
+``corrupt_image``, ``missing_caption``, ``bad_caption_encoding``, ``missing_question``,
+``bad_question_encoding``, ``bad_json``, ``missing_video``, ``corrupt_video``.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+NOT_SKIPS = ("decoded", "padded")
+
+
+class DecodeStats:
+    def __init__(self, counts: dict[str, int] | None = None):
+        self.counts: Counter[str] = Counter(counts or {})
+        self._reported: Counter[str] = Counter()
+
+    def add(self, kind: str, n: int = 1) -> None:
+        if n:
+            self.counts[kind] += n
+
+    def merge(self, delta: dict[str, int]) -> None:
+        self.counts.update(delta)
+
+    def take_delta(self) -> dict[str, int]:
+        """Counts added since the previous call."""
+        delta = {k: v - self._reported[k] for k, v in self.counts.items() if v != self._reported[k]}
+        self._reported = Counter(self.counts)
+        return delta
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Skip reasons with their counts (samples, or shards for ``truncated_tar``/``bad_tar``)."""
+        return {k: v for k, v in sorted(self.counts.items()) if k not in NOT_SKIPS and v}
+
+    @property
+    def total_skipped(self) -> int:
+        """Skipped samples: per-sample reasons plus ``missing_samples`` (tar-level events excluded)."""
+        return sum(v for k, v in self.skipped.items() if k not in ("truncated_tar", "bad_tar"))
+
+    def log_line(self) -> str:
+        reasons = ", ".join(f"{k}={v}" for k, v in self.skipped.items()) or "none"
+        return (f"[data] decoded {self.counts['decoded']}, skipped {self.total_skipped} "
+                f"({reasons}), padded {self.counts['padded']}")
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(sorted(self.counts.items()))
+
+    def __repr__(self) -> str:
+        return f"DecodeStats({self.as_dict()})"

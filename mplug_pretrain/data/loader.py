@@ -1,0 +1,58 @@
+"""``ShardLoader``: the object the trainer iterates. A torch ``DataLoader`` (batch_size=None: the
+stream batches itself) over a ``ShardStream``, plus epoch/resume position and decode counts.
+
+    loader.num_batches   batches per rank per epoch (the same on every rank)
+    len(loader)          batches this iteration yields (num_batches - start_batch)
+    loader.set_epoch(e, start_batch=0)
+    loader.stats         DecodeStats summed over all workers and iterations; loader.log_line()
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from torch.utils.data import DataLoader
+
+from mplug_pretrain.data.decode_stats import DecodeStats
+from mplug_pretrain.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class ShardLoader:
+    def __init__(self, stream, *, num_workers: int, pin_memory: bool = False, answer_list: list[str] | None = None):
+        self.stream = stream
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.answer_list = answer_list
+        self.num_batches = stream.workers * stream.batches_per_slot
+        self.stats = DecodeStats()
+        self.set_epoch(stream.epoch, stream.start_batch)
+
+    @property
+    def epoch(self) -> int:
+        return self.stream.epoch
+
+    @property
+    def start_batch(self) -> int:
+        return self.stream.start_batch
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        if epoch < 0 or not 0 <= start_batch <= self.num_batches:
+            raise ConfigError(f"data position: epoch {epoch}, start_batch {start_batch} outside "
+                              f"0..{self.num_batches} batches per epoch")
+        self.stream.epoch, self.stream.start_batch = epoch, start_batch
+
+    def __len__(self) -> int:
+        return self.num_batches - self.stream.start_batch
+
+    def __iter__(self) -> Iterator[dict]:
+        loader = DataLoader(self.stream, batch_size=None, num_workers=self.num_workers,
+                            pin_memory=self.pin_memory, persistent_workers=False)
+        for batch in loader:
+            self.stats.merge(batch.pop("__stats__"))
+            yield batch
+        log.info(self.log_line())
+
+    def log_line(self) -> str:
+        return self.stats.log_line()

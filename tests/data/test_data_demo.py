@@ -1,0 +1,53 @@
+"""The embedded demo data is made on first use, reused afterwards, and feeds the dataloader bench."""
+import json
+import os
+import time
+
+import pytest
+
+from mplug_pretrain.bench import dataloader as dataloader_bench
+from mplug_pretrain.data.demo_shards import ensure_demo_shards
+from mplug_pretrain.data.manifest import read_manifest
+from mplug_pretrain.data.urls import expand_sources
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    parent = tmp_path_factory.mktemp("demo")
+    start = time.perf_counter()
+    paths = ensure_demo_shards(str(parent / "data_shards"))
+    return parent, paths, time.perf_counter() - start
+
+
+def test_demo_shards_made_once_with_expected_sizes(demo):
+    parent, paths, seconds = demo
+    assert seconds < 60
+    totals = {}
+    for key in ("pretrain_train", "pretrain_val", "caption_train", "caption_val", "vqa_train", "vqa_val", "video"):
+        shards = expand_sources(paths[key])[0].shards
+        assert all(os.path.exists(s) for s in shards)
+        manifest = read_manifest(os.path.dirname(shards[0]))
+        entry = next(e for e in manifest["datasets"].values() if os.path.basename(shards[0]) in
+                     [s["file"] for s in e["shards"]])
+        assert len(entry["shards"]) == len(shards)
+        totals[key] = entry["total"]
+    assert totals == {"pretrain_train": 4000, "pretrain_val": 250, "caption_train": 2000, "caption_val": 200,
+                      "vqa_train": 6000, "vqa_val": 1000, "video": 96}
+    assert paths["pretrain_train"].endswith("pretrain/train-{000000..000003}.tar")
+    with open(paths["vqa_answer_list"]) as f:
+        assert len(json.load(f)) == 13
+    mtime = os.path.getmtime(expand_sources(paths["pretrain_train"])[0].shards[0])
+    start = time.perf_counter()
+    assert ensure_demo_shards(str(parent / "data_shards")) == paths
+    assert time.perf_counter() - start < 1 and os.path.getmtime(expand_sources(paths["pretrain_train"])[0].shards[0]) == mtime
+
+
+def test_dataloader_bench_quick(demo, tmp_path, monkeypatch):
+    parent, _, _ = demo
+    monkeypatch.chdir(parent)  # the bench uses ./data_shards
+    result = dataloader_bench.run(str(tmp_path / "bench.json"), quick=True)
+    with open(tmp_path / "bench.json") as f:
+        assert json.load(f) == result
+    assert [row["workers"] for row in result["rows"]] == [1, 2]
+    for row in result["rows"]:
+        assert row["samples"] == 12 * 32 and row["samples_per_s"] == pytest.approx(row["samples"] / row["seconds"])
