@@ -5,3 +5,14 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO_ROOT, ".cache", "torch_extensions"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def demo_shards():
+    """The embedded demo shards (made on first use, shared by every test that needs real shards)."""
+    from mplug_pretrain.data.demo_shards import ensure_demo_shards
+    paths = ensure_demo_shards(os.path.join(REPO_ROOT, "data_shards"))
+    return {k: v if os.path.isabs(v) else os.path.join(REPO_ROOT, v) for k, v in paths.items()}

@@ -28,23 +28,19 @@ def _locate(path: str, tag: Optional[str]) -> tuple[str, str, str]:
 
 
 def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
-    """fp32 weights from the ZeRO partitions (stage 1-3) or the plain module file (stage 0),
-    plus buffers (queues and their pointers)."""
+    """fp32 weights, frozen momentum copies and buffers (queues, pointers) from the ZeRO partitions
+    (stage 1-3, DeepSpeed's zero_to_fp32) or from the plain module file (stage 0)."""
     tag_dir = os.path.join(ckpt_dir, tag)
-    model_file = os.path.join(tag_dir, "mp_rank_00_model_states.pt")
-    # DeepSpeed's own files, written by this user's run; they hold non-tensor objects.
-    states = torch.load(model_file, map_location="cpu", weights_only=False)
-    zero_files = [f for f in os.listdir(tag_dir) if "optim_states" in f]
-    if not zero_files:
-        return {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag)
-    state = {k: v.float().clone() if v.is_floating_point() else v.clone() for k, v in state.items()}
-    module = states.get("module") or {}
-    for name in states.get("buffer_names", []):
-        if name in module and name not in state:
-            state[name] = module[name].clone()
-    return state
+    if any("optim_states" in f for f in os.listdir(tag_dir)):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag)
+    else:
+        # DeepSpeed's own file, written by this user's run; it holds non-tensor objects too
+        files = [f for f in os.listdir(tag_dir) if f.endswith("model_states.pt")]
+        if not files:
+            raise FileNotFoundError(f"{tag_dir}: no DeepSpeed model_states file")
+        state = torch.load(os.path.join(tag_dir, sorted(files)[0]), map_location="cpu", weights_only=False)["module"]
+    return {k: v.detach().float().clone() if v.is_floating_point() else v.detach().clone() for k, v in state.items()}
 
 
 def export_checkpoint(checkpoint: str, out: str, tag: Optional[str] = None) -> str:

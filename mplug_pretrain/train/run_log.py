@@ -58,8 +58,9 @@ class RunLog:
                                   sps=f"{record.get('samples_per_s', 0):.1f}")
         elif step % self.print_every == 0:
             losses = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("loss"))
-            print(f"[train] step {step} samples {record.get('samples_seen')} {losses} "
-                  f"lr={record.get('lr_rest', record.get('lr_group0', 0)):.2e} "
+            lrs = " ".join(f"{k}={v:.2e}" for k, v in record.items() if k.startswith("lr_") and k.endswith("_decay")
+                           and not k.endswith("no_decay"))
+            print(f"[train] step {step} samples {record.get('samples_seen')} {losses} {lrs} "
                   f"sps={record.get('samples_per_s', 0):.1f} data={record.get('data_time', 0):.3f}s "
                   f"step={record.get('step_time', 0):.3f}s", flush=True)
 
