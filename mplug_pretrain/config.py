@@ -26,7 +26,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @dataclass
 class DataConfig:
     """Shards: brace patterns; several sources separated by '::' with optional ``train_weights``."""
-    train_shards: str = "data_shards/pretrain/train-{000000..000003}.tar"
+    train_shards: Optional[str] = None  # required by `mplug pretrain`
     train_weights: Optional[list[float]] = None
     val_shards: Optional[str] = None
     mode: Literal["exact", "resampled"] = "exact"
@@ -80,60 +80,91 @@ class RunConfig:
 
 @dataclass
 class StageConfig:
-    """One stage of a fine-tuning recipe (ExpansionNet v2 steps A-D are four of these)."""
-    name: str = "xe"
+    """One stage of a caption fine-tuning recipe (ExpansionNet v2 steps A-D are four of these; see
+    configs/caption_fast_recipe.yaml). Unset optional fields fall back to data.* / optim.*."""
+    name: str = "xe"  # its run sub-folder: <run dir>/<index>_<name>
     objective: Literal["xe", "scst"] = "xe"
-    steps: int = 100
-    freeze_vision: bool = False
-    cached_features: bool = False  # read frozen visual features from the on-disk cache
+    steps: int = 100  # optimizer steps
+    freeze_vision: bool = False  # the ViT takes no gradient (projection, refiner, text, fusion, decoder train)
+    cached_features: bool = False  # read the frozen ViT's features from the on-disk cache instead of images
     lr_rest: Optional[float] = None  # default: optim.lr_rest
-    lr_vision: Optional[float] = None
+    lr_vision: Optional[float] = None  # default: optim.lr_vision
+    min_lr: Optional[float] = None  # default: optim.min_lr; equal to the peak lrs gives a constant lr
+    warmup_steps: Optional[int] = None  # default: optim.warmup_steps
+    batch_size: Optional[int] = None  # per rank; default: data.batch_size
+    grad_accum_steps: Optional[int] = None  # default: optim.grad_accum_steps
 
 
 @dataclass
 class CaptionConfig:
-    train_shards: Optional[str] = None
-    val_shards: Optional[str] = None
-    coco_json: Optional[str] = None  # Karpathy dataset_coco.json
+    """`mplug finetune caption` (train/caption_task.py) and `mplug eval caption` (eval/caption_task.py)."""
+    train_shards: Optional[str] = None  # image-text shards (pair layout: one sample per caption)
+    val_shards: Optional[str] = None  # image layout (json.captions = references): evaluated after each stage
+    coco_json: Optional[str] = None  # Karpathy dataset_coco.json: SCST references (train + restval) without a shard scan
     image_root: Optional[str] = None
-    prompt: str = "a picture of"
+    prompt: str = "a picture of"  # through text encoder + fusion with the image; the decoder writes the rest
+    clean_captions: bool = True  # lower-case, punctuation removed (mPLUG pre_caption) in training text and rewards
+    image_size: Optional[int] = None  # fine-tuning resolution (ViT positions resized); default: init_from's
+    augment: bool = False  # RandomResizedCrop + RandAugment in image stages (cached stages read eval-transform features)
     label_smoothing: float = 0.0
-    scst_samples: int = 5
-    scst_sigma: float = 6.0
-    eos_in_reward: bool = True
+    scst_samples: int = 5  # k sampled captions per image; baseline = mean reward of the other k - 1
+    scst_sigma: float = 6.0  # CIDEr-D length penalty (n = 4)
+    eos_in_reward: bool = True  # SacreEOS "standard": EOS kept in sampled captions and references
     beam_size: int = 5
-    max_length: int = 20
-    min_length: int = 3
+    max_length: int = 20  # generated tokens incl. [SEP], for beam search and SCST sampling
+    min_length: int = 3  # beam search only
     length_penalty: float = 1.0
-    feature_cache: Optional[str] = None  # folder for cached frozen visual features
+    feature_cache: Optional[str] = None  # folder for cached frozen visual features; default <run dir>/feature_cache
+    feature_dtype: Literal["float32", "float16"] = "float32"
+    stage_cider: bool = True  # fast held-out CIDEr-D (no Java) after every stage when val_shards is set
+    final_eval: Literal["coco", "none"] = "coco"  # pycocoevalcap metrics of the final model on val_shards
     stages: list[StageConfig] = field(default_factory=lambda: [StageConfig()])
 
 
 @dataclass
 class VQAConfig:
+    """VQA fine-tuning (train/vqa_task.py) and evaluation (eval/vqa_task.py); steps are optim.max_steps."""
     train_shards: Optional[str] = None
-    val_shards: Optional[str] = None
-    answer_list: Optional[str] = None
+    val_shards: Optional[str] = None  # evaluated after fine-tuning and by `mplug eval vqa`
+    answer_list: Optional[str] = None  # JSON list or one per line; default: the list the val shards name
     inference: Literal["generate", "rank"] = "generate"
-    rank_k: int = 128
-    max_answer_length: int = 10
+    rank_k: int = 128  # candidates kept by first-token probability before full scoring
+    max_answer_length: int = 10  # answer tokens incl. [SEP]: the generation limit and the training truncation
     beam_size: int = 5
     normalization: Literal["official_2021", "legacy"] = "official_2021"
-    steps: int = 200
+    image_size: Optional[int] = None  # fine-tuning resolution (ViT positions resized); default: init_from's
+    augment: bool = True  # RandomResizedCrop + RandAugment on training images (mPLUG/ALBEF)
+    submission: Optional[str] = None  # test-dev results JSON; default: vqa_submission.json beside the metrics
 
 
 @dataclass
 class EvalConfig:
+    """`mplug eval retrieval|video-retrieval|video-qa|video-caption`. Input: ``shards`` (our shards), or
+    ``annotations`` (the data set's own file) with its files under ``image_root`` / ``video_root``."""
     shards: Optional[str] = None
-    annotations: Optional[str] = None
+    annotations: Optional[str] = None  # Karpathy/COCO JSON, MSRVTT jsonl/csv, MSRVTT-QA/MSVD-QA, VATEX JSON
+    split: Optional[str] = "test"  # Karpathy split(s) of ``annotations`` (null for a COCO annotation file)
+    image_root: Optional[str] = None
     video_root: Optional[str] = None
+    video_name_format: str = "{}"  # video file name from an annotation's video id, e.g. "video{}" (MSRVTT-QA)
+    video_mapping: Optional[str] = None  # MSVD youtube_mapping.txt ("<clip name> vid<N>" per line)
     num_frames: int = 8
     frame_sampling: Literal["uniform", "middle"] = "uniform"
     video_backend: Literal["auto", "pyav", "decord"] = "auto"
-    k_test: int = 128
-    rerank_score: Literal["itm", "itm+itc"] = "itm"
+    image_size: Optional[int] = None  # input resolution; default: the checkpoint's (ViT positions resized)
+    k_test: int = 128  # ITC candidates re-ranked by ITM per query (mPLUG: 256 COCO, 128 Flickr30K / MSRVTT)
+    rerank_score: Literal["itc", "itm", "itm+itc"] = "itm"  # itc: no re-ranking
     batch_size: int = 16
-    prompt: str = "a video of"
+    num_workers: int = 2  # reader processes (shards) and frame-decoding threads
+    max_text_len: int = 35
+    prompt: str = "a video of"  # captioning prompt through text encoder + fusion
+    caption_metrics: Literal["coco", "cider"] = "coco"  # coco: BLEU, METEOR, ROUGE-L, CIDEr (+SPICE); cider: CIDEr only
+    qa_inference: Literal["rank", "generate"] = "rank"
+    answer_list: Optional[str] = None  # JSON list, {answer: label} or one per line; default: the evaluated answers
+    rank_k: int = 128  # answers kept by first-token probability before full scoring
+    beam_size: int = 5
+    max_length: int = 20
+    min_length: int = 1
     output: Optional[str] = None  # metrics JSON path; default <run dir>/metrics_<task>.json
 
 
@@ -197,7 +228,7 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
     _positive(d.batch_size, "data.batch_size")
     _positive(d.num_workers, "data.num_workers", allow_zero=True)
     _positive(d.max_text_len, "data.max_text_len")
-    if d.train_weights is not None and len(d.train_weights) != len(d.train_shards.split("::")):
+    if d.train_weights is not None and d.train_shards and len(d.train_weights) != len(d.train_shards.split("::")):
         raise ConfigError(f"data.train_weights: {len(d.train_weights)} weights for "
                           f"{len(d.train_shards.split('::'))} sources in data.train_shards")
     for name in ("lr_vision", "lr_rest", "min_lr", "eps"):
@@ -227,20 +258,72 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
         raise ConfigError(f"caption.label_smoothing: expected in [0, 1), got {cfg.caption.label_smoothing}")
     _positive(cfg.caption.scst_samples, "caption.scst_samples")
     _positive(cfg.caption.beam_size, "caption.beam_size")
-    _positive(cfg.eval.num_frames, "eval.num_frames")
-    for i, stage in enumerate(cfg.caption.stages):
-        _positive(stage.steps, f"caption.stages[{i}].steps")
-        if stage.cached_features and not stage.freeze_vision:
-            raise ConfigError(f"caption.stages[{i}].cached_features: needs freeze_vision: true "
-                              "(cached features come from a frozen encoder)")
+    e = cfg.eval
+    for name in ("num_frames", "k_test", "batch_size", "max_text_len", "rank_k", "beam_size", "max_length"):
+        _positive(getattr(e, name), f"eval.{name}")
+    _positive(e.num_workers, "eval.num_workers", allow_zero=True)
+    if e.image_size is not None:
+        _positive(e.image_size, "eval.image_size")
+    if not 0 <= e.min_length <= e.max_length:
+        raise ConfigError(f"eval.min_length: expected in [0, eval.max_length={e.max_length}], got {e.min_length}")
+    try:
+        formatted = e.video_name_format.format("x")
+    except (IndexError, KeyError, ValueError):
+        formatted = e.video_name_format
+    if formatted == e.video_name_format:
+        raise ConfigError(f"eval.video_name_format: needs a {{}} for the video id, got {e.video_name_format!r}")
+    if e.shards is not None and e.annotations is not None:
+        raise ConfigError("eval.shards / eval.annotations: both set; evaluate one input (set the other to null)")
+    if check_paths:
+        for name in ("shards", "annotations", "image_root", "video_root", "video_mapping", "answer_list"):
+            if getattr(e, name) is not None:
+                check_path(getattr(e, name), f"eval.{name}")
+    _positive(cfg.vqa.rank_k, "vqa.rank_k")
+    _positive(cfg.vqa.beam_size, "vqa.beam_size")
+    if cfg.vqa.max_answer_length < 2:
+        raise ConfigError("vqa.max_answer_length: expected >= 2 (one word and [SEP]), "
+                          f"got {cfg.vqa.max_answer_length}")
+    if cfg.vqa.image_size is not None:
+        _positive(cfg.vqa.image_size, "vqa.image_size")
+    _validate_caption(cfg.caption)
     if check_paths:
         for name, value in (("data.train_shards", d.train_shards), ("data.val_shards", d.val_shards),
                             ("distributed.template", dist.template), ("init_from", cfg.init_from),
                             ("caption.train_shards", cfg.caption.train_shards),
                             ("caption.coco_json", cfg.caption.coco_json),
-                            ("vqa.train_shards", cfg.vqa.train_shards), ("vqa.answer_list", cfg.vqa.answer_list)):
+                            ("vqa.train_shards", cfg.vqa.train_shards), ("vqa.val_shards", cfg.vqa.val_shards),
+                            ("vqa.answer_list", cfg.vqa.answer_list)):
             if value is not None:
                 check_path(value, name)
+
+
+def _validate_caption(c: CaptionConfig) -> None:
+    _positive(c.scst_sigma, "caption.scst_sigma")
+    _positive(c.max_length, "caption.max_length")
+    if not 0 <= c.min_length <= c.max_length:
+        raise ConfigError(f"caption.min_length: expected in [0, caption.max_length={c.max_length}], got {c.min_length}")
+    if c.image_size is not None:
+        _positive(c.image_size, "caption.image_size")
+    if not c.stages:
+        raise ConfigError("caption.stages: expected at least one stage")
+    names = [stage.name for stage in c.stages]
+    for i, stage in enumerate(c.stages):
+        where = f"caption.stages[{i}]"
+        if not stage.name or "/" in stage.name or stage.name.startswith(".") or names.count(stage.name) > 1:
+            raise ConfigError(f"{where}.name: expected a unique plain folder name, got {stage.name!r}")
+        _positive(stage.steps, f"{where}.steps")
+        if stage.cached_features and not stage.freeze_vision:
+            raise ConfigError(f"{where}.cached_features: needs freeze_vision: true "
+                              "(cached features come from a frozen encoder)")
+        if stage.objective == "scst" and c.scst_samples < 2:
+            raise ConfigError(f"caption.scst_samples: SCST's baseline averages the other samples of an image, "
+                              f"needs >= 2, got {c.scst_samples}")
+        for name in ("lr_rest", "lr_vision", "batch_size", "grad_accum_steps"):
+            if getattr(stage, name) is not None:
+                _positive(getattr(stage, name), f"{where}.{name}")
+        for name in ("min_lr", "warmup_steps"):
+            if getattr(stage, name) is not None:
+                _positive(getattr(stage, name), f"{where}.{name}", allow_zero=True)
 
 
 def check_path(spec: str, name: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Optional
 
 from mplug_pretrain.config import Config
+from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training
 
@@ -38,6 +39,8 @@ def distill_alpha(cfg: Config, step: int) -> float:
 
 
 def run_pretrain(cfg: Config, resume: Optional[str] = None) -> dict:
+    if not cfg.data.train_shards:
+        raise ConfigError("data.train_shards: required for pretraining (a brace pattern of .tar shards)")
     def losses(engine, batch: dict, state: TrainerState) -> dict:
         return engine(batch, alpha=distill_alpha(cfg, state.global_step))  # all four losses, one forward
 

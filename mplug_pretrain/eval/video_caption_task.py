@@ -1,0 +1,98 @@
+"""``mplug eval video-caption``: zero-shot video captioning (mPLUG §5.4.2, Table 10: VATEX, CIDEr).
+
+Input (``cfg.eval``), one of:
+  * ``shards``: our video shards, references in ``json.captions``;
+  * ``annotations`` + ``video_root``: VATEX (``vatex_validation_v1.0.json``: [{"videoID", "enCap": [10
+    captions], ...}], files named "<videoID>.mp4") or any list read by
+    ``video_retrieval_task.read_caption_annotations``.
+Per video: memory = concat(fuse(video states, prompt)) of the N frames' tokens (``video_encoding``) and
+``eval.prompt`` ("[CLS] a video of [SEP]", the paper's; the released config uses "a picture of") through
+the text encoder; beam search (beam_size, min_length..max_length tokens incl. [SEP]); the caption is the
+decoded continuation (as ``mplug eval caption``).
+Scores (``eval.caption_metrics``): "coco" = pycocoevalcap BLEU-1..4, METEOR, ROUGE-L, CIDEr, SPICE where its
+jars are present; "cider" = CIDEr alone (the paper's metric; PTB tokenizer + pycocoevalcap Cider, without the
+slow METEOR run). Raw scale (x100 for Table 10), on the videos that have references (the VATEX public test
+has none: then only the predictions are written). Files: the metrics JSON and, beside it,
+``video_caption_predictions.json`` ([{"image_id": video id, "caption"}], the COCO results format).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from mplug_pretrain.errors import DataError
+from mplug_pretrain.eval.retrieval_task import autocast_context, load_eval_model, metrics_path, write_metrics
+from mplug_pretrain.eval.video_encoding import SkipReport, encoded_batches, frame_spec, video_record_batches
+from mplug_pretrain.eval.video_retrieval_task import read_caption_annotations
+
+log = logging.getLogger(__name__)
+
+
+def cider_only(predictions: dict[str, str], references: dict[str, list[str]]) -> dict[str, float]:
+    """{"CIDEr": pycocoevalcap's CIDEr(-D)} after the PTB tokenizer, as ``evaluate_captions`` computes it."""
+    from pycocoevalcap.cider.cider import Cider
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+    tokenized = PTBTokenizer().tokenize(
+        {("ref", v): [{"caption": c} for c in references[v]] for v in predictions}
+        | {("res", v): [{"caption": predictions[v]}] for v in predictions})
+    score, _ = Cider().compute_score({v: tokenized[("ref", v)] for v in predictions},
+                                     {v: tokenized[("res", v)] for v in predictions})
+    return {"CIDEr": float(score)}
+
+
+@torch.no_grad()
+def caption_videos(model, tokenizer, cfg, encoded) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """-> ({video id: generated caption}, {video id: reference captions}) for every encoded video."""
+    from mplug_pretrain.data.tokenizer import tokenize
+    from mplug_pretrain.eval.caption_task import decode_captions
+    from mplug_pretrain.models.generation import beam_search
+    e = cfg.eval
+    prompt_ids, prompt_mask = tokenize(tokenizer, [e.prompt], e.max_text_len)
+    predictions, references = {}, {}
+    for records, states, _ in encoded:
+        b = states.shape[0]
+        ids, mask = prompt_ids.to(states.device).expand(b, -1), prompt_mask.to(states.device).expand(b, -1)
+        memory, memory_mask = model.memory_from_states(states, None, ids, mask)
+        out = beam_search(model.decoder, memory, memory_mask, beam_size=e.beam_size, max_length=e.max_length,
+                          min_length=e.min_length)
+        for record, caption in zip(records, decode_captions(tokenizer, out.sequences[:, 0])):
+            if record.video_id in predictions:
+                raise DataError(f"video id {record.video_id!r} appears twice in the evaluated set")
+            predictions[record.video_id] = caption
+            references[record.video_id] = list(record.captions)
+    return predictions, references
+
+
+def run(cfg, checkpoint: str, out: str | None = None) -> dict:
+    from mplug_pretrain.data.tokenizer import load_tokenizer
+    from mplug_pretrain.eval.caption_metrics import evaluate_captions, write_caption_results
+    e = cfg.eval
+    model = load_eval_model(cfg, checkpoint)
+    skipped = SkipReport()
+    with autocast_context(cfg, model):
+        encoded = encoded_batches(model, video_record_batches(cfg, read_caption_annotations, skipped),
+                                  frame_spec(cfg, model), skipped)
+        predictions, references = caption_videos(model, load_tokenizer(cfg.data.tokenizer), cfg, encoded)
+    if not predictions:
+        raise DataError(f"no video could be captioned ({skipped.total} skipped: {dict(skipped.reasons)})")
+    path = metrics_path(cfg, "video-caption", out)
+    predictions_path = os.path.join(os.path.dirname(os.path.abspath(path)), "video_caption_predictions.json")
+    write_caption_results(predictions, predictions_path)
+    scored = {v: c for v, c in predictions.items() if references[v]}
+    scored_refs = {v: references[v] for v in scored}
+    if not scored:
+        scores = {}
+        log.warning("video-caption: no reference captions in the input: predictions written, nothing scored")
+    elif e.caption_metrics == "cider":
+        scores = cider_only(scored, scored_refs)
+    else:
+        scores = evaluate_captions(scored, scored_refs, spice="auto")
+    metrics = {"task": "video-caption", "checkpoint": checkpoint, **scores, "num_videos": len(predictions),
+               "num_scored": len(scored), "caption_metrics": e.caption_metrics, **skipped.as_dict("videos"),
+               "prompt": e.prompt, "num_frames": e.num_frames, "frame_sampling": e.frame_sampling,
+               "beam_size": e.beam_size, "max_length": e.max_length, "min_length": e.min_length,
+               "predictions": predictions_path}
+    write_metrics(path, metrics)
+    return metrics
