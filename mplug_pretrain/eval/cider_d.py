@@ -288,7 +288,7 @@ class CiderD:
         hit = ref_keys[pos] == lookup if len(ref_keys) else np.zeros(len(lookup), dtype=bool)
         vh, vr = e_vec[k_entry[hit]], r_vec[pos[hit]]
         numer = np.bincount(k_pair[hit] * n + e_order[k_entry[hit]], weights=np.minimum(vh, vr) * vr,
-                            minlength=len(pair_hyp) * n).reshape(len(pair_hyp), n)
+                            minlength=len(pair_hyp) * n).reshape(len(pair_hyp), n).astype(np.float64)
 
         denom = hyp_norm[pair_hyp] * ref_norm[pair_ref]
         sim = np.divide(numer, denom, out=numer.copy(), where=denom != 0)

@@ -158,3 +158,13 @@ def test_bad_input_is_named():
         scorer.score(["a b"], [5])
     with pytest.raises(ValueError, match="image_index: 2 entries"):
         scorer.score(["a b"], [0, 1])
+
+
+def test_batch_without_any_shared_ngram_equals_pycocoevalcap():
+    """Regression: with no hit at all numpy's bincount returned ints and the division failed."""
+    hyps, refs = ["a b c", "x y"], [["d e f", "g h"], ["p q r s"]]
+    ours, ours_scores = cider_d(hyps, refs)
+    theirs, theirs_scores = Cider().compute_score({i: r for i, r in enumerate(refs)},
+                                                  {i: [h] for i, h in enumerate(hyps)})
+    assert ours == pytest.approx(theirs, abs=1e-12) and ours == 0.0
+    np.testing.assert_allclose(ours_scores, theirs_scores, atol=1e-12)
