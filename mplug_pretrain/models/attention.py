@@ -1,0 +1,73 @@
+"""Multi-head attention on ``F.scaled_dot_product_attention`` and the attention biases built once per stack.
+
+Masks travel as additive float biases broadcastable to [B, heads, T_query, T_key]: 0 where a key may be
+attended, the dtype's most negative finite value where not. A finite value (not -inf) keeps a row whose
+keys are all masked finite (uniform attention) instead of NaN.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def bias_from_keep(keep: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Bool ``keep`` (True = attend) -> additive bias of the same shape."""
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
+
+
+def key_padding_bias(mask: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+    """Padding mask [B, S] (1 = real token) -> bias [B, 1, 1, S]; None when nothing is masked.
+
+    Returning None for an all-ones mask lets SDPA pick its unmasked (fastest) kernel.
+    """
+    if mask is None or bool(mask.all()):
+        return None
+    return bias_from_keep(mask[:, None, None, :].bool(), dtype)
+
+
+def concat_key_bias(biases: list[torch.Tensor | None], lengths: list[int]) -> torch.Tensor | None:
+    """Concatenate per-segment key biases [B, 1, 1, S_i] (None = unmasked segment of length S_i)."""
+    if all(b is None for b in biases):
+        return None
+    ref = next(b for b in biases if b is not None)
+    parts = [b if b is not None else ref.new_zeros(ref.shape[0], 1, 1, n) for b, n in zip(biases, lengths)]
+    return torch.cat(parts, dim=-1)
+
+
+class MultiHeadAttention(nn.Module):
+    """BERT-layout multi-head attention: separate ``query``/``key``/``value`` projections and ``out``.
+
+    forward(x [B, T, D], source [B, S, D] | None, bias | None, kv=(k, v) | None) -> [B, T, D]
+    softmax(Q K^T / sqrt(d_head) + bias) V, computed by SDPA (flash / memory-efficient kernels).
+    ``source`` None means self-attention; ``kv`` passes precomputed (e.g. cached) keys and values.
+    """
+
+    def __init__(self, width: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"attention width {width} is not divisible by heads {heads}")
+        self.heads = heads
+        self.dropout = dropout
+        self.query = nn.Linear(width, width)
+        self.key = nn.Linear(width, width)
+        self.value = nn.Linear(width, width)
+        self.out = nn.Linear(width, width)
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, -1).transpose(1, 2)  # [B, H, T, d_head]
+
+    def keys_values(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split_heads(self.key(source)), self.split_heads(self.value(source))
+
+    def forward(self, x: torch.Tensor, source: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        q = self.split_heads(self.query(x))
+        k, v = kv if kv is not None else self.keys_values(x if source is None else source)
+        if bias is not None and bias.dtype != q.dtype:  # autocast: projections run in bf16, biases are built in fp32
+            bias = bias.to(q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        b, _, t, _ = out.shape
+        return self.out(out.transpose(1, 2).reshape(b, t, -1))

@@ -1,0 +1,95 @@
+"""mPLUG's text decoder: a BERT LM with causal self-attention and cross-attention to the fused memory.
+
+Implements ``decoder_api``: forward(input_ids [B, T_new], attention_mask [B, T_past + T_new], memory [B, M, D],
+memory_mask [B, M], past=None, use_cache=False) -> DecoderOutput(logits [B, T_new, V], past).
+Per layer (post-LN, as BERT):  x = LN(x + CausalSelfAttn(x));  x = LN(x + CrossAttn(x, memory));
+x = LN(x + FFN(x)).  Token i may attend to keys j <= T_past + i that are not padding.
+Cache (``BertDecoderCache``): per layer the self-attention keys/values of every token so far, and the
+cross-attention keys/values of the memory, computed once on the first call.
+Logits come from ``LMPredictionHead`` tied to the decoder's word embeddings (``tie_word_embeddings``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mplug_pretrain.models.attention import bias_from_keep, key_padding_bias
+from mplug_pretrain.models.checkpointing import run_layer
+from mplug_pretrain.models.decoder_api import DecoderOutput
+from mplug_pretrain.models.heads.lm_head import LMPredictionHead
+from mplug_pretrain.models.model_config import DecoderConfig
+from mplug_pretrain.models.text import BertEmbeddings, BertLayer
+
+LayerCache = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # self k, self v, cross k, cross v
+
+
+@dataclass
+class BertDecoderCache:
+    layers: list[LayerCache]
+
+    @property
+    def length(self) -> int:
+        return self.layers[0][0].shape[2] if self.layers else 0
+
+
+def causal_bias(attention_mask: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """[B, T_total] padding mask -> bias [B, 1, new_tokens, T_total] for the last ``new_tokens`` queries."""
+    total = attention_mask.shape[1]
+    query_pos = torch.arange(total - new_tokens, total, device=attention_mask.device)
+    key_pos = torch.arange(total, device=attention_mask.device)
+    keep = (key_pos[None, :] <= query_pos[:, None])[None] & attention_mask[:, None, :].bool()
+    return bias_from_keep(keep[:, None])
+
+
+class BertDecoder(nn.Module):
+    """See the module docstring. Built by ``decoder_factory.build_decoder(cfg, vocab_size, width)``."""
+
+    def __init__(self, cfg: DecoderConfig, vocab_size: int, width: int):
+        super().__init__()
+        self.embeddings = BertEmbeddings(vocab_size, width, cfg.max_positions, cfg.dropout)
+        self.layers = nn.ModuleList(BertLayer(width, cfg.heads, cfg.ffn_dim, cfg.dropout, cross_attention=True)
+                                    for _ in range(cfg.layers))
+        self.head = LMPredictionHead(width, vocab_size, tied=cfg.tie_word_embeddings)
+        self.grad_checkpointing = False
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, memory: torch.Tensor,
+                memory_mask: torch.Tensor | None, past: BertDecoderCache | None = None,
+                use_cache: bool = False) -> DecoderOutput:
+        past_len = past.length if past is not None else 0
+        b, t = input_ids.shape
+        if attention_mask.shape != (b, past_len + t):
+            raise ValueError(f"attention_mask must be [B, T_past + T_new] = [{b}, {past_len + t}], "
+                             f"got {tuple(attention_mask.shape)}")
+        x = self.embeddings(input_ids, position_offset=past_len)
+        self_bias = causal_bias(attention_mask, t)
+        memory_bias = key_padding_bias(memory_mask)
+        if past is None and not use_cache:
+            for layer in self.layers:
+                x = run_layer(layer, x, self_bias, memory, memory_bias, enabled=self.grad_checkpointing)
+            return DecoderOutput(self.head(x, self.embeddings.word_embeddings.weight), None)
+        caches = []
+        for i, layer in enumerate(self.layers):
+            x, cache = self._cached_layer(layer, x, self_bias, memory, memory_bias,
+                                          past.layers[i] if past is not None else None)
+            caches.append(cache)
+        logits = self.head(x, self.embeddings.word_embeddings.weight)
+        return DecoderOutput(logits, BertDecoderCache(caches) if use_cache else None)
+
+    @staticmethod
+    def _cached_layer(layer: BertLayer, x: torch.Tensor, self_bias: torch.Tensor, memory: torch.Tensor,
+                      memory_bias: torch.Tensor | None, past: LayerCache | None) -> tuple[torch.Tensor, LayerCache]:
+        k, v = layer.attn.keys_values(x)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            cross_k, cross_v = past[2], past[3]
+        else:
+            cross_k, cross_v = layer.cross_attn.keys_values(memory)
+        x = layer.self_attention(x, self_bias, kv=(k, v))
+        x = layer.cross_attention(x, None, memory_bias, kv=(cross_k, cross_v))
+        return layer.feed_forward(x), (k, v, cross_k, cross_v)
+
+    @staticmethod
+    def reorder_cache(past: BertDecoderCache, index: torch.Tensor) -> BertDecoderCache:
+        return BertDecoderCache([tuple(t.index_select(0, index) for t in layer) for layer in past.layers])

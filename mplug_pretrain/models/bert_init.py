@@ -1,0 +1,170 @@
+"""Initialize mPLUG's text side from a BERT checkpoint folder (transformers ``BertModel`` layout).
+
+With K = text.encoder_layers, F = fusion.layers and L checkpoint layers (mPLUG §3.1: BERT-base layers
+1-6 -> text encoder, 7-12 -> fusion; the decoder from the full BERT, as the released code does):
+    text encoder   <- embeddings, layers 0 .. K-1
+    fusion layer j <- layer K + j (self-attention + FFN; both streams of two-stream fusion), if K + j < L
+    decoder        <- embeddings, layers 0 .. min(L, decoder.layers) - 1
+    MLM / decoder LM head transform + bias <- ``cls.predictions`` when the file has them
+Cross-attention weights have no BERT counterpart and keep their fresh initialization. Everything that
+was not copied is listed in the returned report. For a 6-layer BERT (MiniLM) use e.g. K = 3, F = 3.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from torch import nn
+
+from mplug_pretrain.errors import ConfigError
+
+# transformers BertLayer parameter names -> ours (text.BertLayer)
+BERT_LAYER_KEYS = {
+    "attention.self.query": "attn.query", "attention.self.key": "attn.key", "attention.self.value": "attn.value",
+    "attention.output.dense": "attn.out", "attention.output.LayerNorm": "attn_norm",
+    "crossattention.self.query": "cross_attn.query", "crossattention.self.key": "cross_attn.key",
+    "crossattention.self.value": "cross_attn.value", "crossattention.output.dense": "cross_attn.out",
+    "crossattention.output.LayerNorm": "cross_norm",
+    "intermediate.dense": "ffn_in", "output.dense": "ffn_out", "output.LayerNorm": "ffn_norm",
+}
+BERT_EMBEDDING_KEYS = {
+    "word_embeddings": "word_embeddings", "position_embeddings": "position_embeddings",
+    "token_type_embeddings": "token_type_embeddings", "LayerNorm": "norm",
+}
+BERT_LM_HEAD_KEYS = {"transform.dense": "transform", "transform.LayerNorm": "norm", "bias": "bias"}
+
+
+def rename_layer_key(suffix: str) -> str | None:
+    """'attention.self.query.weight' -> 'attn.query.weight'; None when the name is not a BertLayer one."""
+    for theirs, ours in BERT_LAYER_KEYS.items():
+        if suffix.startswith(theirs + "."):
+            return ours + suffix[len(theirs):]
+    return None
+
+
+def rename_embedding_key(suffix: str) -> str | None:
+    for theirs, ours in BERT_EMBEDDING_KEYS.items():
+        if suffix.startswith(theirs + "."):
+            return ours + suffix[len(theirs):]
+    return None
+
+
+def rename_lm_head_key(suffix: str) -> str | None:
+    """Suffix after ``cls.predictions.``; the tied ``decoder.*`` weights map to nothing."""
+    for theirs, ours in BERT_LM_HEAD_KEYS.items():
+        if suffix == theirs or suffix.startswith(theirs + "."):
+            return ours + suffix[len(theirs):]
+    return None
+
+
+def read_bert_checkpoint(path: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """(state dict without the ``bert.`` prefix, config.json) of a BERT folder (safetensors or torch .bin)."""
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"{path}: no config.json (expected a transformers BERT folder)")
+    with open(config_file) as f:
+        config = json.load(f)
+    weights = os.path.join(path, "model.safetensors")
+    if os.path.isfile(weights):
+        from safetensors.torch import load_file
+        sd = load_file(weights)
+    elif os.path.isfile(os.path.join(path, "pytorch_model.bin")):
+        sd = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    else:
+        raise FileNotFoundError(f"{path}: neither model.safetensors nor pytorch_model.bin")
+    return {k.removeprefix("bert."): v for k, v in sd.items()}, config
+
+
+def _check_config(config: dict, width: int, heads: int, ffn_dim: int, vocab_size: int, field: str, path: str) -> None:
+    expected = {"hidden_size": width, "num_attention_heads": heads, "intermediate_size": ffn_dim,
+                "vocab_size": vocab_size}
+    for key, ours in expected.items():
+        if key in config and config[key] != ours:
+            raise ConfigError(f"{field}: {path} has {key}={config[key]} but the model has {ours}")
+    if config.get("hidden_act", "gelu") != "gelu":
+        raise ConfigError(f"{field}: {path} uses hidden_act={config['hidden_act']!r}; only 'gelu' is supported")
+
+
+def _copy(target: nn.Module, name: str, value: torch.Tensor, copied: list[str], prefix: str) -> None:
+    param = target.get_parameter(name)
+    if name.endswith("position_embeddings.weight") and value.shape[0] > param.shape[0]:
+        value = value[: param.shape[0]]  # fewer positions configured than the checkpoint has
+    if param.shape != value.shape:
+        raise ConfigError(f"{prefix}{name}: checkpoint shape {tuple(value.shape)} != model {tuple(param.shape)}")
+    with torch.no_grad():
+        param.copy_(value)
+    copied.append(prefix + name)
+
+
+def _copy_embeddings(sd: dict, embeddings: nn.Module, copied: list[str], prefix: str) -> None:
+    for key, value in sd.items():
+        if key.startswith("embeddings."):
+            ours = rename_embedding_key(key[len("embeddings."):])
+            if ours is not None:
+                _copy(embeddings, ours, value, copied, prefix)
+
+
+def _copy_layer(sd: dict, index: int, layer: nn.Module, copied: list[str], prefix: str) -> None:
+    head = f"encoder.layer.{index}."
+    for key, value in sd.items():
+        if key.startswith(head):
+            ours = rename_layer_key(key[len(head):])
+            if ours is not None and (not ours.startswith(("cross_attn", "cross_norm")) or layer.cross_attn is not None):
+                _copy(layer, ours, value, copied, prefix)
+
+
+def _copy_lm_head(sd: dict, head: nn.Module, copied: list[str], prefix: str) -> None:
+    for key, value in sd.items():
+        if key.startswith("cls.predictions."):
+            ours = rename_lm_head_key(key[len("cls.predictions."):])
+            if ours is not None:
+                _copy(head, ours, value, copied, prefix)
+
+
+def checkpoint_layers(sd: dict) -> int:
+    return 1 + max(int(k.split(".")[2]) for k in sd if k.startswith("encoder.layer."))
+
+
+def init_text_from_bert(model: nn.Module, path: str) -> dict:
+    """Text encoder, fusion and MLM head of an MPLUG from BERT at ``path``; returns {copied, not_copied}."""
+    sd, config = read_bert_checkpoint(path)
+    t = model.config.text
+    _check_config(config, t.width, t.heads, t.ffn_dim, t.vocab_size, "model.text.bert_checkpoint", path)
+    depth, k = checkpoint_layers(sd), t.encoder_layers
+    if k > depth:
+        raise ConfigError(f"model.text.encoder_layers: {k} > {depth} layers in {path}")
+    copied: list[str] = []
+    _copy_embeddings(sd, model.text_encoder.embeddings, copied, "text_encoder.embeddings.")
+    for i in range(k):
+        _copy_layer(sd, i, model.text_encoder.layers[i], copied, f"text_encoder.layers.{i}.")
+    streams = [("fusion.layers", model.fusion.layers)]
+    if hasattr(model.fusion, "image_layers"):
+        streams.append(("fusion.image_layers", model.fusion.image_layers))
+    for name, layers in streams:
+        for j, layer in enumerate(layers):
+            if k + j < depth:
+                _copy_layer(sd, k + j, layer, copied, f"{name}.{j}.")
+    _copy_lm_head(sd, model.mlm_head, copied, "mlm_head.")
+    return _report(model, ("text_encoder.", "fusion.", "mlm_head."), copied)
+
+
+def init_decoder_from_bert(model: nn.Module, path: str) -> dict:
+    """The BERT decoder of an MPLUG from BERT at ``path`` (cross-attention stays new)."""
+    sd, config = read_bert_checkpoint(path)
+    d, width = model.config.decoder, model.config.text.width
+    _check_config(config, width, d.heads, d.ffn_dim, model.config.text.vocab_size, "model.decoder.bert_checkpoint",
+                  path)
+    copied: list[str] = []
+    decoder = model.decoder
+    _copy_embeddings(sd, decoder.embeddings, copied, "decoder.embeddings.")
+    for i in range(min(checkpoint_layers(sd), len(decoder.layers))):
+        _copy_layer(sd, i, decoder.layers[i], copied, f"decoder.layers.{i}.")
+    _copy_lm_head(sd, decoder.head, copied, "decoder.head.")
+    return _report(model, ("decoder.",), copied)
+
+
+def _report(model: nn.Module, prefixes: tuple[str, ...], copied: list[str]) -> dict:
+    done = set(copied)
+    fresh = [n for n, _ in model.named_parameters() if n.startswith(prefixes) and n not in done]
+    return {"copied": copied, "not_copied": fresh}

@@ -1,0 +1,203 @@
+"""Decoding and sequence scoring for any ``decoder_api`` decoder (captioning, VQA, video, SCST).
+
+Sequences are the generated tokens WITHOUT the leading BOS: [N, L], the first EOS included, PAD after it.
+Log-probabilities are those of the model at temperature 1 (log softmax of the logits).
+
+greedy_search     argmax decoding with the KV cache.
+beam_search       batched beam search with the cache. Beams are ranked by summed log-prob while searching;
+                  a beam that emitted EOS is kept (extended by PAD at zero cost) and competes with the
+                  live ones; the final ranking divides by length ** length_penalty (length = tokens up to
+                  and including EOS). Beam size 1 is exactly greedy.
+sample            ``num_samples`` draws per input (temperature, optional top-k / top-p), with their log-probs.
+sequence_log_probs  summed log-probs of given sequences under teacher forcing, WITH gradient (SCST).
+score_candidates  rank candidate answers per input by summed log-prob (optionally prefiltered to the top-k
+                  by first-token probability, as ALBEF/mPLUG ``rank_answer``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, PAD_ID
+
+
+@dataclass
+class BeamOutput:
+    sequences: torch.Tensor  # [B, num_return, L]
+    scores: torch.Tensor  # [B, num_return] length-normalized summed log-probs, best first
+
+
+def _start(memory: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=memory.device)
+    return tokens, torch.ones_like(tokens)
+
+
+def _next_logits(decoder: nn.Module, tokens: torch.Tensor, mask: torch.Tensor, memory: torch.Tensor,
+                 memory_mask: torch.Tensor, past):
+    out = decoder(tokens, mask, memory, memory_mask, past=past, use_cache=True)
+    return out.logits[:, -1].float(), out.past
+
+
+def _block(scores: torch.Tensor, block_eos: bool) -> torch.Tensor:
+    """Never generate PAD; no EOS before ``min_length`` tokens."""
+    scores[:, PAD_ID] = float("-inf")
+    if block_eos:
+        scores[:, EOS_ID] = float("-inf")
+    return scores
+
+
+def _finish(sequence_steps: list[torch.Tensor], rows: int, device: torch.device) -> torch.Tensor:
+    if not sequence_steps:
+        return torch.empty(rows, 0, dtype=torch.long, device=device)
+    return torch.stack(sequence_steps, dim=1)
+
+
+@torch.no_grad()
+def greedy_search(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, max_length: int = 20,
+                  min_length: int = 0) -> torch.Tensor:
+    """-> sequences [B, L <= max_length]."""
+    b = memory.shape[0]
+    tokens, mask = _start(memory, b)
+    finished = torch.zeros(b, dtype=torch.bool, device=memory.device)
+    past, steps = None, []
+    for t in range(max_length):
+        logits, past = _next_logits(decoder, tokens, mask, memory, memory_mask, past)
+        log_probs = _block(logits.log_softmax(-1), t < min_length)
+        token = log_probs.argmax(-1).masked_fill(finished, PAD_ID)
+        steps.append(token)
+        finished |= token == EOS_ID
+        if bool(finished.all()):
+            break
+        tokens, mask = token[:, None], torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return _finish(steps, b, memory.device)
+
+
+@torch.no_grad()
+def beam_search(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, beam_size: int = 5,
+                max_length: int = 20, min_length: int = 0, length_penalty: float = 1.0,
+                num_return: int = 1) -> BeamOutput:
+    """Batched beam search; returns the ``num_return`` best of ``beam_size`` beams per input."""
+    if not 1 <= num_return <= beam_size:
+        raise ValueError(f"num_return must be in [1, beam_size={beam_size}], got {num_return}")
+    b, k = memory.shape[0], beam_size
+    n = b * k
+    memory, memory_mask = memory.repeat_interleave(k, 0), memory_mask.repeat_interleave(k, 0)
+    tokens, mask = _start(memory, n)
+    scores = torch.zeros(b, k, device=memory.device)
+    scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first at step 0
+    finished = torch.zeros(n, dtype=torch.bool, device=memory.device)
+    lengths = torch.zeros(n, dtype=torch.long, device=memory.device)
+    sequences = torch.empty(n, 0, dtype=torch.long, device=memory.device)
+    past = None
+    for t in range(max_length):
+        logits, past = _next_logits(decoder, tokens, mask, memory, memory_mask, past)
+        log_probs = _block(logits.log_softmax(-1), t < min_length)
+        log_probs[finished] = float("-inf")
+        log_probs[finished, PAD_ID] = 0.0
+        vocab = log_probs.shape[-1]
+        candidates = (scores.view(n, 1) + log_probs).view(b, k * vocab)
+        scores, flat = candidates.topk(k, dim=1)
+        source = (torch.arange(b, device=memory.device)[:, None] * k + flat // vocab).view(-1)
+        token = (flat % vocab).view(-1)
+        sequences = torch.cat([sequences[source], token[:, None]], dim=1)
+        lengths = lengths[source] + (~finished[source]).long()
+        finished = finished[source] | (token == EOS_ID)
+        if bool(finished.all()):
+            break
+        past = decoder.reorder_cache(past, source)
+        tokens, mask = token[:, None], torch.cat([mask[source], torch.ones_like(mask[:, :1])], dim=1)
+    normalized = scores / lengths.view(b, k).clamp(min=1).float() ** length_penalty
+    order = normalized.argsort(dim=1, descending=True)[:, :num_return]
+    best = (torch.arange(b, device=memory.device)[:, None] * k + order).view(-1)
+    return BeamOutput(sequences[best].view(b, num_return, -1), normalized.gather(1, order))
+
+
+def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    if top_k > 0:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cumulative - sorted_logits.softmax(-1) >= top_p  # keep the smallest prefix reaching top_p
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def sample(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, num_samples: int = 5,
+           max_length: int = 20, min_length: int = 0, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (sequences [B * num_samples, L], log_probs [B * num_samples]); rows of input i are i*n .. i*n+n-1."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    n = memory.shape[0] * num_samples
+    memory, memory_mask = memory.repeat_interleave(num_samples, 0), memory_mask.repeat_interleave(num_samples, 0)
+    tokens, mask = _start(memory, n)
+    finished = torch.zeros(n, dtype=torch.bool, device=memory.device)
+    total = torch.zeros(n, device=memory.device)
+    past, steps = None, []
+    for t in range(max_length):
+        logits, past = _next_logits(decoder, tokens, mask, memory, memory_mask, past)
+        probs = _filter_logits(_block(logits / temperature, t < min_length), top_k, top_p).softmax(-1)
+        token = torch.multinomial(probs, 1, generator=generator).squeeze(1).masked_fill(finished, PAD_ID)
+        step_lp = logits.log_softmax(-1).gather(1, token[:, None]).squeeze(1)
+        total += step_lp.masked_fill(finished, 0.0)
+        steps.append(token)
+        finished |= token == EOS_ID
+        if bool(finished.all()):
+            break
+        tokens, mask = token[:, None], torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return _finish(steps, n, memory.device), total
+
+
+def token_mask(sequences: torch.Tensor) -> torch.Tensor:
+    """1 for every generated token up to and including the first EOS, 0 for the PAD after it."""
+    after_eos = (sequences == EOS_ID).long().cumsum(1) - (sequences == EOS_ID).long()
+    return ((after_eos == 0) & (sequences != PAD_ID)).long()
+
+
+def sequence_log_probs(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor,
+                       sequences: torch.Tensor) -> torch.Tensor:
+    """Summed log p(sequence | memory) [N] under teacher forcing, differentiable (SCST policy gradient)."""
+    valid = token_mask(sequences)
+    bos = torch.full_like(sequences[:, :1], BOS_ID)
+    inputs = torch.cat([bos, sequences[:, :-1]], dim=1)
+    mask = torch.cat([torch.ones_like(bos), valid[:, :-1]], dim=1)
+    logits = decoder(inputs, mask, memory, memory_mask).logits
+    lp = logits.float().log_softmax(-1).gather(2, sequences[:, :, None]).squeeze(2)
+    return (lp * valid).sum(1)
+
+
+@torch.no_grad()
+def score_candidates(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor,
+                     candidate_ids: torch.Tensor, candidate_mask: torch.Tensor, k: int | None = None,
+                     chunk_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank C candidates ([C, L]: "[CLS] answer [SEP]", right padded) for each of B inputs.
+
+    -> (indices [B, K], scores [B, K]) best first, score = summed log-prob of the tokens after [CLS];
+    K = C, or K = k when ``k`` is given: then only the k candidates whose first token is most probable are
+    scored in full (approximation used by ALBEF / mPLUG answer ranking).
+    """
+    b, c = memory.shape[0], candidate_ids.shape[0]
+    if k is not None and k < c:
+        first_logits, _ = _next_logits(decoder, *_start(memory, b), memory, memory_mask, None)
+        first = first_logits.log_softmax(-1)[:, candidate_ids[:, 1]]  # [B, C]
+        chosen = first.topk(k, dim=1).indices  # [B, k]
+    else:
+        chosen = torch.arange(c, device=memory.device).expand(b, c)
+    pairs_input = chosen.reshape(-1)
+    pairs_row = torch.arange(b, device=memory.device).repeat_interleave(chosen.shape[1])
+    scores = torch.empty(pairs_input.shape[0], device=memory.device)
+    for start in range(0, pairs_input.shape[0], chunk_size):
+        rows, cands = pairs_row[start:start + chunk_size], pairs_input[start:start + chunk_size]
+        ids, mask = candidate_ids[cands], candidate_mask[cands]
+        logits = decoder(ids, mask, memory[rows], memory_mask[rows]).logits
+        lp = F.log_softmax(logits[:, :-1].float(), dim=-1).gather(2, ids[:, 1:, None]).squeeze(2)
+        scores[start:start + chunk_size] = (lp * mask[:, 1:]).sum(1)
+    scores = scores.view(b, -1)
+    order = scores.argsort(dim=1, descending=True)
+    return chosen.gather(1, order), scores.gather(1, order)

@@ -1,0 +1,26 @@
+"""BERT language-model prediction head, shared by MLM (on fused text) and the BERT decoder.
+
+logits = LN(GELU(W h + b)) E^T + bias      h [..., D] -> [..., V]
+E is the word-embedding matrix [V, D] passed in at call time (weight tying without a shared tensor in the
+state dict); an untied head owns its own ``weight``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LMPredictionHead(nn.Module):
+    def __init__(self, width: int, vocab_size: int, tied: bool = True):
+        super().__init__()
+        self.transform = nn.Linear(width, width)
+        self.norm = nn.LayerNorm(width, eps=1e-12)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+        self.weight = None if tied else nn.Parameter(torch.randn(vocab_size, width) * 0.02)
+
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor | None = None) -> torch.Tensor:
+        weight = self.weight if self.weight is not None else word_embeddings
+        if weight is None:
+            raise ValueError("a tied LMPredictionHead needs the word-embedding matrix")
+        return F.linear(self.norm(F.gelu(self.transform(hidden))), weight, self.bias)

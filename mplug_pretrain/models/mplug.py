@@ -1,0 +1,296 @@
+"""mPLUG: CLIP ViT + BERT text encoder + cross-modal skip-connected fusion + text decoder (mPLUG §3, Fig. 2).
+
+    image [B, 3, H, W] --ImageEncoder--> V [B, 1+M, D]          (ViT tokens, projected to D, optionally refined)
+    ids, mask [B, T]   --TextEncoder --> L [B, T, D]             (first K BERT layers)
+    fuse(V, L) -> (V', L')                                       (SkipConnectedFusion or an ablation design)
+    memory = [V'; L'] with the concatenated mask --decoder--> next-token logits
+
+Pretraining ``forward(batch)`` computes, sharing one image encoding:
+    ITC on (V[:,0], L[:,0]) with momentum encoders, queues and distillation   (heads/itc.py)
+    ITM on the fused text [CLS] of 3B pairs with hard negatives                (heads/itm.py)
+    MLM on the fused masked text                                               (heads/mlm.py)
+    PrefixLM: decoder continues the caption from fuse(V, prefix)               (heads/prefix_lm.py)
+    loss = sum_k w_k L_k with w = heads.loss_weights.
+Momentum encoders (``image_encoder_m``, ``text_encoder_m``, ``itc.*_proj_m``) take no gradient; the training
+engine calls ``momentum_update()`` after every optimizer step. They and the ITC queues are part of the
+state dict (checkpoints must hold them). In training mode ``forward`` pushes this step's momentum features
+into the queues after computing the losses; in eval mode the queues are left untouched.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import torch
+from torch import nn
+
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.models.bert_decoder import BertDecoder
+from mplug_pretrain.models.config_io import model_config_from_dict, model_config_to_dict
+from mplug_pretrain.models.decoder_factory import build_decoder
+from mplug_pretrain.models.fusion import build_fusion
+from mplug_pretrain.models.heads.itc import ImageTextContrastive
+from mplug_pretrain.models.heads.itm import ImageTextMatchingHead, sample_hard_negatives
+from mplug_pretrain.models.heads.lm_head import LMPredictionHead
+from mplug_pretrain.models.heads.mlm import mask_tokens, mlm_loss
+from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
+from mplug_pretrain.models.model_config import ModelConfig
+from mplug_pretrain.models.text import TextEncoder
+from mplug_pretrain.models.vision import ImageEncoder, resize_positional_embedding
+
+LOSS_NAMES = ("itc", "itm", "mlm", "prefixlm")
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class MPLUG(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        config.validate()
+        unknown = sorted(set(config.heads.loss_weights) - set(LOSS_NAMES))
+        if unknown:
+            raise ConfigError(f"model.heads.loss_weights.{unknown[0]}: unknown loss (known: {', '.join(LOSS_NAMES)})")
+        self.config = copy.deepcopy(config)
+        t, h = config.text, config.heads
+        self.image_encoder = ImageEncoder(config.vision, t.width, t.dropout, config.refiner)
+        self.text_encoder = TextEncoder(t.vocab_size, t.width, t.heads, t.ffn_dim, t.encoder_layers, t.max_positions,
+                                        t.dropout)
+        self.fusion = build_fusion(config.fusion, t.width, t.heads, t.ffn_dim, t.dropout)
+        self.decoder = build_decoder(config.decoder, vocab_size=t.vocab_size, width=t.width)
+        self.itc = ImageTextContrastive(t.width, h.embed_dim, h.temperature, h.queue_size, momentum=h.use_momentum)
+        self.itm_head = ImageTextMatchingHead(t.width)
+        self.mlm_head = LMPredictionHead(t.width, t.vocab_size, tied=True)
+        self._init_bert_style()
+        self._load_pretrained_parts()
+        self.image_encoder_m: ImageEncoder | None = None
+        self.text_encoder_m: TextEncoder | None = None
+        if h.use_momentum:
+            self.image_encoder_m = copy.deepcopy(self.image_encoder)
+            self.text_encoder_m = copy.deepcopy(self.text_encoder)
+            self.itc.vision_proj_m.load_state_dict(self.itc.vision_proj.state_dict())
+            self.itc.text_proj_m.load_state_dict(self.itc.text_proj.state_dict())
+            for _, momentum in self._momentum_pairs():
+                momentum.requires_grad_(False)
+        self.set_grad_checkpointing(config.grad_checkpointing)
+
+    # ----------------------------------------------------------------- construction helpers
+    def _init_bert_style(self) -> None:
+        """BERT init (N(0, 0.02) weights, zero biases, unit LayerNorms) for everything BERT-initialized in mPLUG."""
+        parts = [self.text_encoder, self.fusion, self.itc.vision_proj, self.itc.text_proj, self.itm_head, self.mlm_head]
+        if isinstance(self.decoder, BertDecoder):
+            parts.append(self.decoder)
+        if self.image_encoder.projection is not None:
+            parts.append(self.image_encoder.projection)
+        for part in parts:
+            for module in part.modules():
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(module.weight, std=0.02)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    nn.init.zeros_(module.bias)
+                if isinstance(module, nn.LayerNorm):
+                    nn.init.ones_(module.weight)
+                    nn.init.zeros_(module.bias)
+
+    def _load_pretrained_parts(self) -> None:
+        from mplug_pretrain.models.bert_init import init_decoder_from_bert, init_text_from_bert
+        from mplug_pretrain.models.vision_checkpoint import load_vision_checkpoint
+        v = self.config.vision
+        if v.checkpoint_path:
+            load_vision_checkpoint(self.image_encoder.vit, v.checkpoint_path, v.checkpoint_format)
+        self.init_report: dict = {}
+        if self.config.text.bert_checkpoint:
+            self.init_report["text"] = init_text_from_bert(self, self.config.text.bert_checkpoint)
+        if self.config.decoder.bert_checkpoint:
+            if not isinstance(self.decoder, BertDecoder):
+                raise ConfigError(f"model.decoder.bert_checkpoint: only the bert decoder loads BERT weights, "
+                                  f"decoder.type is {self.config.decoder.type!r}")
+            self.init_report["decoder"] = init_decoder_from_bert(self, self.config.decoder.bert_checkpoint)
+
+    def _momentum_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        if self.image_encoder_m is None:
+            return []
+        return [(self.image_encoder, self.image_encoder_m), (self.text_encoder, self.text_encoder_m),
+                (self.itc.vision_proj, self.itc.vision_proj_m), (self.itc.text_proj, self.itc.text_proj_m)]
+
+    # ----------------------------------------------------------------- encoders
+    def encode_image(self, image: torch.Tensor) -> torch.Tensor:
+        """image [B, 3, H, W] -> visual states [B, 1+M, D] (ViT tokens, projected and refined)."""
+        return self.image_encoder(image)
+
+    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """ids, mask [B, T] -> unimodal text states [B, T, D]."""
+        return self.text_encoder(input_ids, attention_mask)
+
+    def fuse(self, image_states: torch.Tensor, image_mask: torch.Tensor | None, text_states: torch.Tensor,
+             text_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (fused image [B, M, D], fused text [B, T, D]); image_mask None = every visual token is real."""
+        return self.fusion(image_states, image_mask, text_states, text_mask)
+
+    def memory_from_states(self, image_states: torch.Tensor, image_mask: torch.Tensor | None,
+                           prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder memory concat(fused image, fused prompt) [B, M+T, D] and its mask [B, M+T] (long)."""
+        image, text = self.fuse(image_states, image_mask, self.encode_text(prompt_ids, prompt_mask), prompt_mask)
+        if image_mask is None:
+            image_mask = torch.ones(image.shape[:2], dtype=torch.long, device=image.device)
+        return torch.cat([image, text], dim=1), torch.cat([image_mask.long(), prompt_mask.long()], dim=1)
+
+    def memory(self, image: torch.Tensor, prompt_ids: torch.Tensor,
+               prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder memory for captioning / VQA: image + prompt (e.g. "[CLS] a picture of [SEP]" or a question)."""
+        return self.memory_from_states(self.encode_image(image), None, prompt_ids, prompt_mask)
+
+    # ----------------------------------------------------------------- pretraining
+    def forward(self, batch: dict, alpha: float | None = None) -> dict[str, torch.Tensor]:
+        """batch: image [B,3,H,W], input_ids / attention_mask [B,T] ([CLS] .. [SEP], right padded),
+        optional image_id [B] (same id = positive pair). alpha: distillation weight (default heads.distill_alpha).
+        -> {'loss', 'loss_itc', 'loss_itm', 'loss_mlm', 'loss_prefixlm'}."""
+        for key in ("image", "input_ids", "attention_mask"):
+            if key not in batch:
+                raise KeyError(f"pretraining batch lacks {key!r} (has {sorted(batch)})")
+        image, ids, mask = batch["image"], batch["input_ids"], batch["attention_mask"]
+        idx = batch.get("image_id")
+        h = self.config.heads
+        alpha = h.distill_alpha if alpha is None else alpha
+        weights = {name: float(h.loss_weights.get(name, 1.0)) for name in LOSS_NAMES}
+
+        image_states = self.encode_image(image)
+        text_states = self.encode_text(ids, mask)
+        image_feat = self.itc.image_features(image_states[:, 0])
+        text_feat = self.itc.text_features(text_states[:, 0])
+        image_feat_m, text_feat_m = self._momentum_features(image, ids, mask, image_feat, text_feat)
+        losses = {}
+        if weights["itc"]:
+            self.itc.clamp_temperature()
+            losses["itc"] = self.itc.loss(image_feat, text_feat, image_feat_m, text_feat_m, idx,
+                                          alpha if self.image_encoder_m is not None else 0.0)
+        if weights["itm"]:
+            losses["itm"] = self._itm_loss(image_states, text_states, mask, image_feat, text_feat, idx)
+        if weights["mlm"]:
+            masked_ids, labels = mask_tokens(ids, mask, self.config.text.vocab_size, h.mlm_probability)
+            _, fused = self.fuse(image_states, None, self.encode_text(masked_ids, mask), mask)
+            losses["mlm"] = mlm_loss(self.mlm_head, fused, labels, self.text_encoder.embeddings.word_embeddings.weight)
+        if weights["prefixlm"]:
+            split = split_prefix(ids, mask, h.prefix_min_tokens)
+            losses["prefixlm"] = self._decoder_loss(image_states, split)
+        if self.training:
+            self.itc.enqueue(image_feat_m, text_feat_m, idx)
+        zero = image_states.new_zeros(())
+        out = {f"loss_{name}": losses.get(name, zero) for name in LOSS_NAMES}
+        out["loss"] = sum(weights[name] * losses[name] for name in losses)
+        return out
+
+    @torch.no_grad()
+    def _momentum_features(self, image: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
+                           image_feat: torch.Tensor, text_feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.image_encoder_m is None:
+            return image_feat.detach(), text_feat.detach()
+        image_m = self.itc.image_features(self.image_encoder_m(image)[:, 0], momentum=True)
+        text_m = self.itc.text_features(self.text_encoder_m(ids, mask)[:, 0], momentum=True)
+        return image_m, text_m
+
+    def _itm_loss(self, image_states: torch.Tensor, text_states: torch.Tensor, mask: torch.Tensor,
+                  image_feat: torch.Tensor, text_feat: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
+        b = image_states.shape[0]
+        with torch.no_grad():
+            negatives = sample_hard_negatives(image_feat @ text_feat.t() / self.itc.temp, idx)
+        rows = torch.arange(b, device=image_states.device)
+        image_rows = torch.cat([rows, negatives.image_for_text[negatives.text_valid], rows[negatives.image_valid]])
+        text_rows = torch.cat([rows, rows[negatives.text_valid], negatives.text_for_image[negatives.image_valid]])
+        labels = torch.zeros(image_rows.shape[0], dtype=torch.long, device=image_states.device)
+        labels[:b] = 1
+        _, fused = self.fuse(image_states[image_rows], None, text_states[text_rows], mask[text_rows])
+        return self.itm_head.loss(fused[:, 0], labels)
+
+    def _decoder_loss(self, image_states: torch.Tensor, split, label_smoothing: float = 0.0) -> torch.Tensor:
+        memory, memory_mask = self.memory_from_states(image_states, None, split.prefix_ids, split.prefix_mask)
+        logits = self.decoder(split.target_ids, split.target_mask, memory, memory_mask).logits
+        return prefix_lm_loss(logits, split.target_ids, split.target_mask, label_smoothing)
+
+    def caption_loss(self, image: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     prompt_length: int, label_smoothing: float = 0.0) -> torch.Tensor:
+        """Caption fine-tuning (mPLUG caption recipe): input_ids = [CLS] prompt caption [SEP] (right padded),
+        ``prompt_length`` = leading tokens forming the prompt, [CLS] included ("a picture of" -> 4).
+        The prompt "[CLS] a picture of [SEP]" goes through text encoder + fusion with the image; the decoder
+        predicts the whole caption after the prompt ("[CLS]" as BOS ... "[SEP]"). Token-mean cross-entropy."""
+        if prompt_length < 1:
+            raise ValueError(f"prompt_length counts [CLS] and must be >= 1, got {prompt_length}")
+        split = split_prefix(input_ids, attention_mask, split=torch.tensor(prompt_length - 1))
+        return self._decoder_loss(self.encode_image(image), split, label_smoothing)
+
+    @torch.no_grad()
+    def momentum_update(self) -> None:
+        """theta_m <- m * theta_m + (1 - m) * theta for every momentum pair (call after each optimizer step)."""
+        m = self.config.heads.momentum
+        for online, momentum in self._momentum_pairs():
+            for p, p_m in zip(online.parameters(), momentum.parameters()):
+                if hasattr(p, "ds_id") and p.ds_numel != p.numel():
+                    raise RuntimeError("momentum_update: parameters are partitioned (DeepSpeed ZeRO stage 3); "
+                                       "momentum encoders need replicated parameters: use ZeRO stage 1 or 2")
+                p_m.mul_(m).add_(p.detach().to(p_m.dtype), alpha=1.0 - m)
+
+    # ----------------------------------------------------------------- training utilities
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Activation checkpointing (torch.utils.checkpoint, use_reentrant=False) of ViT blocks, BERT text and
+        fusion layers and decoder layers."""
+        self.config.grad_checkpointing = enable
+        for module in (self.image_encoder.vit, self.text_encoder, self.fusion, self.decoder,
+                       self.image_encoder.refiner):
+            if module is None:
+                continue
+            if hasattr(module, "set_grad_checkpointing"):
+                module.set_grad_checkpointing(enable)
+            elif hasattr(module, "grad_checkpointing"):
+                module.grad_checkpointing = enable
+
+    def param_groups(self, weight_decay: float, lr_vision: float, lr_rest: float) -> list[dict]:
+        """AdamW groups: vision_decay / vision_no_decay (ViT, ``lr_vision``) and rest_decay / rest_no_decay
+        (everything else, ``lr_rest``). No decay on biases, norms (all 0/1-d tensors), embeddings and the
+        temperature. Momentum copies (no grad) are excluded; empty groups are left out."""
+        no_decay_ids = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
+        vit = self.image_encoder.vit
+        no_decay_ids |= {id(getattr(vit, name)) for name in vit.no_weight_decay()}
+        groups: dict[str, dict] = {}
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            tower = "vision" if name.startswith("image_encoder.vit.") else "rest"
+            decay = p.ndim >= 2 and id(p) not in no_decay_ids
+            key = f"{tower}_{'decay' if decay else 'no_decay'}"
+            group = groups.setdefault(key, {"name": key, "params": [], "lr": lr_vision if tower == "vision" else lr_rest,
+                                            "weight_decay": weight_decay if decay else 0.0})
+            group["params"].append(p)
+        order = ("vision_decay", "vision_no_decay", "rest_decay", "rest_no_decay")
+        return [groups[k] for k in order if k in groups]
+
+    # ----------------------------------------------------------------- save / load
+    def save_pretrained(self, directory: str) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (all weights incl. momentum copies and ITC queues)."""
+        from safetensors.torch import save_file
+        os.makedirs(directory, exist_ok=True)
+        config = model_config_to_dict(self.config)
+        # the weights below already contain whatever these files initialized
+        config["vision"]["checkpoint_path"] = config["text"]["bert_checkpoint"] = None
+        config["decoder"]["bert_checkpoint"] = None
+        with open(os.path.join(directory, CONFIG_FILE), "w") as f:
+            json.dump(config, f, indent=2)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(cls, directory: str, image_size: int | None = None) -> MPLUG:
+        """Load a ``save_pretrained`` folder (strict). ``image_size`` re-targets the ViT to a new input size,
+        resizing its positional embeddings bilinearly (fine-tuning at a higher resolution)."""
+        from safetensors.torch import load_file
+        with open(os.path.join(directory, CONFIG_FILE)) as f:
+            config = model_config_from_dict(json.load(f))
+        state = load_file(os.path.join(directory, WEIGHTS_FILE))
+        if image_size is not None and image_size != config.vision.image_size:
+            config.vision.image_size = image_size
+            grid = image_size // config.vision.patch_size
+            for key in ("image_encoder.vit.positional_embedding", "image_encoder_m.vit.positional_embedding"):
+                if key in state:
+                    state[key] = resize_positional_embedding(state[key], grid)
+        model = cls(config)
+        model.load_state_dict(state, strict=True)
+        return model

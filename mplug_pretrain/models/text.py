@@ -1,0 +1,101 @@
+"""BERT building blocks and the text encoder (the first K BERT layers).
+
+BertLayer is post-LN, as BERT (mPLUG Eqs. 1-3):
+    x = LN(x + SelfAttn(x))                 Eq. 1
+    x = LN(x + CrossAttn(x, source))        Eq. 2 (only in layers built with cross-attention)
+    x = LN(x + FFN(x)),  FFN = W2 GELU(W1 x)  Eq. 3
+Parameter names are our own; ``bert_init.BERT_LAYER_KEYS`` maps transformers' BertLayer names onto them,
+so a BertModel checkpoint loads exactly (GELU = erf form, LayerNorm eps 1e-12, as BERT).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mplug_pretrain.models.attention import MultiHeadAttention, key_padding_bias
+from mplug_pretrain.models.checkpointing import run_layer
+
+BERT_LN_EPS = 1e-12
+
+
+class BertEmbeddings(nn.Module):
+    """ids [B, T] -> LN(word + position + token_type(0)) [B, T, D]; positions start at ``position_offset``."""
+
+    def __init__(self, vocab_size: int, width: int, max_positions: int, dropout: float):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab_size, width)
+        self.position_embeddings = nn.Embedding(max_positions, width)
+        self.token_type_embeddings = nn.Embedding(2, width)
+        self.norm = nn.LayerNorm(width, eps=BERT_LN_EPS)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, input_ids: torch.Tensor, position_offset: int = 0) -> torch.Tensor:
+        t = input_ids.shape[1]
+        if position_offset + t > self.position_embeddings.num_embeddings:
+            raise ValueError(f"sequence of {position_offset + t} tokens exceeds max_positions "
+                             f"{self.position_embeddings.num_embeddings}")
+        positions = torch.arange(position_offset, position_offset + t, device=input_ids.device)
+        token_type = self.token_type_embeddings(positions.new_zeros(1))  # via forward: ZeRO-3 gathers it
+        x = self.word_embeddings(input_ids) + token_type + self.position_embeddings(positions)
+        return self.drop(self.norm(x))
+
+
+class BertLayer(nn.Module):
+    """One post-LN BERT layer, optionally with cross-attention (Eqs. 1-3 above).
+
+    forward(x [B, T, D], bias [B,1,T|1,T] | None, source [B, S, D] | None, source_bias [B,1,1,S] | None)
+    """
+
+    def __init__(self, width: int, heads: int, ffn_dim: int, dropout: float, cross_attention: bool):
+        super().__init__()
+        self.attn = MultiHeadAttention(width, heads, dropout)
+        self.attn_norm = nn.LayerNorm(width, eps=BERT_LN_EPS)
+        self.cross_attn = MultiHeadAttention(width, heads, dropout) if cross_attention else None
+        self.cross_norm = nn.LayerNorm(width, eps=BERT_LN_EPS) if cross_attention else None
+        self.ffn_in = nn.Linear(width, ffn_dim)
+        self.ffn_out = nn.Linear(ffn_dim, width)
+        self.ffn_norm = nn.LayerNorm(width, eps=BERT_LN_EPS)
+        self.drop = nn.Dropout(dropout)
+
+    def self_attention(self, x: torch.Tensor, bias: torch.Tensor | None = None,
+                       kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        return self.attn_norm(x + self.drop(self.attn(x, bias=bias, kv=kv)))
+
+    def cross_attention(self, x: torch.Tensor, source: torch.Tensor | None, bias: torch.Tensor | None = None,
+                        kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        return self.cross_norm(x + self.drop(self.cross_attn(x, source=source, bias=bias, kv=kv)))
+
+    def feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn_norm(x + self.drop(self.ffn_out(F.gelu(self.ffn_in(x)))))
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, source: torch.Tensor | None = None,
+                source_bias: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.self_attention(x, bias)
+        if source is not None:
+            if self.cross_attn is None:
+                raise RuntimeError("this BertLayer was built without cross-attention")
+            x = self.cross_attention(x, source, source_bias)
+        return self.feed_forward(x)
+
+
+class TextEncoder(nn.Module):
+    """Unimodal BERT text encoder: embeddings + ``layers`` self-attention layers.
+
+    forward(input_ids [B, T], attention_mask [B, T] (1 = token)) -> states [B, T, D]; states[:, 0] is l_cls.
+    """
+
+    def __init__(self, vocab_size: int, width: int, heads: int, ffn_dim: int, layers: int, max_positions: int,
+                 dropout: float):
+        super().__init__()
+        self.embeddings = BertEmbeddings(vocab_size, width, max_positions, dropout)
+        self.layers = nn.ModuleList(BertLayer(width, heads, ffn_dim, dropout, cross_attention=False)
+                                    for _ in range(layers))
+        self.grad_checkpointing = False
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embeddings(input_ids)
+        bias = key_padding_bias(attention_mask)
+        for layer in self.layers:
+            x = run_layer(layer, x, bias, enabled=self.grad_checkpointing)
+        return x
