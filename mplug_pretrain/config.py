@@ -131,6 +131,9 @@ class VQAConfig:
     rank_k: int = 128  # candidates kept by first-token probability before full scoring
     max_answer_length: int = 10  # answer tokens incl. [SEP]: the generation limit and the training truncation
     beam_size: int = 5
+    # beam score = log p / length ** length_penalty; 0 keeps the answer's log-probability, the quantity the
+    # loss trains and ranking scores (1.0 averages per token, which favours answers of more word pieces)
+    length_penalty: float = 0.0
     normalization: Literal["official_2021", "legacy"] = "official_2021"
     image_size: Optional[int] = None  # fine-tuning resolution (ViT positions resized); default: init_from's
     augment: bool = True  # RandomResizedCrop + RandAugment on training images (mPLUG/ALBEF)
@@ -280,6 +283,7 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
                 check_path(getattr(e, name), f"eval.{name}")
     _positive(cfg.vqa.rank_k, "vqa.rank_k")
     _positive(cfg.vqa.beam_size, "vqa.beam_size")
+    _positive(cfg.vqa.length_penalty, "vqa.length_penalty", allow_zero=True)
     if cfg.vqa.max_answer_length < 2:
         raise ConfigError("vqa.max_answer_length: expected >= 2 (one word and [SEP]), "
                           f"got {cfg.vqa.max_answer_length}")

@@ -31,6 +31,22 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
+def _record_world(run_dir: str, info) -> None:
+    """<run>/world.json: which host each rank runs on (rank 0 writes it; appended per (re)start)."""
+    import json
+    import socket
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # Slurm's node name, else the host
+    hosts = [None] * info.world_size
+    if dist.is_initialized() and info.world_size > 1:
+        dist.all_gather_object(hosts, host)
+    else:
+        hosts = [host]
+    if info.rank == 0:
+        with open(os.path.join(run_dir, "world.json"), "a") as f:
+            f.write(json.dumps({"world_size": info.world_size, "launcher": info.launcher, "hosts": hosts,
+                                "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT")}) + "\n")
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -82,6 +98,7 @@ def run_training(cfg: Config, task: TrainTask, resume: Optional[str] = None) -> 
         marker = os.path.join(run_dir, PREEMPTED_MARKER)
         if os.path.exists(marker):
             os.remove(marker)
+    _record_world(run_dir, info)
     seed_everything(cfg.run.seed + rank)
     if cfg.run.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)

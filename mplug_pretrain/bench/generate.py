@@ -1,0 +1,130 @@
+"""`mplug bench generate`: captions per second of beam search (beam 1 / 3 / 5) with and without the KV cache,
+for the bert, expansion and acf decoders at the same width and depth, on one fixed random memory.
+
+    memory   [B, M, D] random (M = 257 visual + 5 prompt tokens, as a base model with "a picture of")
+    decoding exactly ``length`` tokens per caption (min_length = max_length, EOS blocked), so every decoder
+             does the same number of steps whatever its random weights prefer
+    cache    True: the decoders' incremental cache (models.generation); False: ``FullRecompute`` wraps the
+             decoder and re-runs the whole prefix at every step (what decoding without a cache costs)
+    captions_per_s = B / median seconds of one ``beam_search`` call over B memories
+Extra rows (``implementation: transformers``): Hugging Face ``BertLMHeadModel`` (BERT decoder with
+cross-attention, same sizes, random weights) through ``generate`` (num_beams, use_cache) against our
+beam search over our bert decoder (``implementation: ours``). Random weights on both sides; the work is
+fixed by the forced length. fp32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from mplug_pretrain.bench.common import median_seconds, write_bench
+from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, PAD_ID, DecoderOutput
+
+DECODERS = ("bert", "expansion", "acf")
+BEAMS = (1, 3, 5)
+VOCAB = 30522
+
+
+@dataclass
+class Size:
+    width: int
+    layers: int
+    heads: int
+    ffn: int
+    memory_tokens: int
+    batch: int
+    length: int
+    repeats: int
+
+
+FULL = Size(width=768, layers=6, heads=12, ffn=3072, memory_tokens=262, batch=4, length=20, repeats=2)
+QUICK = Size(width=64, layers=1, heads=2, ffn=128, memory_tokens=10, batch=2, length=4, repeats=1)
+
+
+class FullRecompute(nn.Module):
+    """A decoder without its cache: the "past" is the token prefix, re-run in full at every step."""
+
+    def __init__(self, decoder: nn.Module):
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, input_ids, attention_mask, memory, memory_mask, past=None, use_cache=False) -> DecoderOutput:
+        tokens = input_ids if past is None else torch.cat([past, input_ids], dim=1)
+        logits = self.decoder(tokens, attention_mask, memory, memory_mask).logits[:, -input_ids.shape[1]:]
+        return DecoderOutput(logits, tokens if use_cache else None)
+
+    @staticmethod
+    def reorder_cache(past: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return past.index_select(0, index)
+
+
+def build_decoder(kind: str, size: Size) -> nn.Module:
+    from mplug_pretrain.models.decoder_factory import build_decoder as factory
+    from mplug_pretrain.models.model_config import DecoderConfig
+    cfg = DecoderConfig(type=kind, layers=size.layers, heads=size.heads, ffn_dim=size.ffn, dropout=0.0)
+    return factory(cfg, vocab_size=VOCAB, width=size.width).eval()
+
+
+def _ours_seconds(decoder: nn.Module, memory: torch.Tensor, mask: torch.Tensor, beam: int, size: Size) -> float:
+    from mplug_pretrain.models.generation import beam_search
+
+    def once() -> None:
+        out = beam_search(decoder, memory, mask, beam_size=beam, max_length=size.length, min_length=size.length)
+        assert out.sequences.shape[-1] == size.length
+    with torch.no_grad():
+        return median_seconds(once, repeats=size.repeats, warmup=1)
+
+
+def _transformers_seconds(model: nn.Module, memory: torch.Tensor, mask: torch.Tensor, beam: int, cache: bool,
+                          size: Size) -> float:
+    from transformers import DynamicCache, EncoderDecoderCache
+    ids = torch.full((memory.shape[0], 1), BOS_ID, dtype=torch.long)
+
+    def once() -> None:
+        # a decoder-only config would get a plain DynamicCache, which BERT's cross-attention cannot use
+        extra = {"past_key_values": EncoderDecoderCache(DynamicCache(), DynamicCache())} if cache else {}
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), encoder_hidden_states=memory,
+                             encoder_attention_mask=mask, num_beams=beam, do_sample=False, use_cache=cache,
+                             max_new_tokens=size.length, min_new_tokens=size.length, eos_token_id=EOS_ID,
+                             pad_token_id=PAD_ID, bos_token_id=BOS_ID, **extra)
+        assert out.shape[1] == size.length + 1
+    with torch.no_grad():
+        return median_seconds(once, repeats=size.repeats, warmup=1)
+
+
+def hf_bert_decoder(size: Size) -> nn.Module:
+    from transformers import BertConfig, BertLMHeadModel
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=size.width, num_hidden_layers=size.layers,
+                     num_attention_heads=size.heads, intermediate_size=size.ffn, is_decoder=True,
+                     add_cross_attention=True, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return BertLMHeadModel(cfg).eval()
+
+
+def run(out: str, quick: bool = False) -> dict:
+    size = QUICK if quick else FULL
+    torch.manual_seed(0)
+    memory = torch.randn(size.batch, size.memory_tokens, size.width)
+    mask = torch.ones(size.batch, size.memory_tokens, dtype=torch.long)
+    rows = []
+    for kind in DECODERS:
+        decoder = build_decoder(kind, size)
+        parameters = sum(p.numel() for p in decoder.parameters())
+        for cache in (True, False):
+            wrapped = decoder if cache else FullRecompute(decoder)
+            for beam in BEAMS:
+                seconds = _ours_seconds(wrapped, memory, mask, beam, size)
+                rows.append({"implementation": "ours", "decoder": kind, "beam": beam, "cache": cache,
+                             "captions_per_s": size.batch / seconds, "parameters": parameters})
+                print(rows[-1], flush=True)
+    hf = hf_bert_decoder(size)
+    hf_parameters = sum(p.numel() for p in hf.parameters())
+    for cache in (True, False):
+        for beam in BEAMS:
+            seconds = _transformers_seconds(hf, memory, mask, beam, cache, size)
+            rows.append({"implementation": "transformers", "decoder": "bert", "beam": beam, "cache": cache,
+                         "captions_per_s": size.batch / seconds, "parameters": hf_parameters})
+            print(rows[-1], flush=True)
+    return write_bench("generate", rows, out, settings={**size.__dict__, "vocab": VOCAB, "dtype": "float32",
+                                                        "threads": torch.get_num_threads()})

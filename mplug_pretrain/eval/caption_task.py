@@ -1,0 +1,173 @@
+"""`mplug eval caption`: caption the images of an evaluation split with a model folder and score them.
+
+    image, prompt ("[CLS] a picture of [SEP]") -> MPLUG.memory (text encoder + fusion)
+        -> beam search (caption.beam_size 5, at most caption.max_length 20 tokens incl. [SEP], at least
+           caption.min_length, final ranking by log-prob / length ** caption.length_penalty)
+        -> decoded text (the caption after the prompt)
+    scores    BLEU-1..4, METEOR, ROUGE-L, CIDEr (pycocoevalcap, raw scale: x100 for the papers' tables),
+              SPICE where its Stanford CoreNLP jars are present, else one log line saying it was skipped
+    files     the metrics JSON (``out`` | eval.output | <run_dir>/metrics_caption.json) and, beside it,
+              caption_predictions.json in the COCO results format [{"image_id", "caption"}]
+The split: ``eval.shards``, else ``caption.val_shards`` (image-layout shards: json.captions = references).
+Under torch.distributed every rank captions its share of the images; rank 0 scores.
+``fast_cider_d`` is the Java-free check used between training stages: our CIDEr-D (equal to
+pycocoevalcap's Cider on the same words) on ``clean_caption`` words instead of PTB-tokenized ones.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mplug_pretrain.config import Config
+from mplug_pretrain.data.tokenizer import tokenize
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.models.generation import beam_search, token_mask
+
+GENERATION_FILE = "caption_generation.json"  # written into fine-tuned model folders
+
+
+@dataclass
+class GenerationSettings:
+    prompt: str = "a picture of"
+    beam_size: int = 5
+    max_length: int = 20
+    min_length: int = 3
+    length_penalty: float = 1.0
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> GenerationSettings:
+        c = cfg.caption
+        return cls(c.prompt, c.beam_size, c.max_length, c.min_length, c.length_penalty)
+
+    @classmethod
+    def from_model_dir(cls, directory: str) -> GenerationSettings:
+        """The settings a fine-tuning run saved beside the weights, else the defaults."""
+        path = os.path.join(directory, GENERATION_FILE)
+        if not os.path.isfile(path):
+            return cls()
+        with open(path) as f:
+            return cls(**json.load(f))
+
+    def save(self, directory: str) -> None:
+        with open(os.path.join(directory, GENERATION_FILE), "w") as f:
+            json.dump(asdict(self), f, indent=2)
+
+
+def decode_captions(tokenizer, sequences: torch.Tensor) -> list[str]:
+    """Generated rows [N, L] (first [SEP] included, PAD after) -> caption strings."""
+    kept = (sequences * token_mask(sequences)).tolist()
+    return [text.strip() for text in tokenizer.batch_decode(kept, skip_special_tokens=True)]
+
+
+@torch.no_grad()
+def caption_images(model: nn.Module, images: torch.Tensor, tokenizer, settings: GenerationSettings) -> list[str]:
+    """images [B, 3, H, W] (eval transform) -> B captions by beam search."""
+    ids, mask = tokenize(tokenizer, [settings.prompt], 512)
+    ids, mask = ids.to(images.device).expand(images.shape[0], -1), mask.to(images.device).expand(images.shape[0], -1)
+    memory, memory_mask = model.memory(images, ids, mask)
+    out = beam_search(model.decoder, memory, memory_mask, beam_size=settings.beam_size,
+                      max_length=settings.max_length, min_length=settings.min_length,
+                      length_penalty=settings.length_penalty)
+    return decode_captions(tokenizer, out.sequences[:, 0])
+
+
+def generate_captions(model: nn.Module, loader, tokenizer, settings: GenerationSettings,
+                      device: torch.device) -> tuple[dict[int, str], dict[int, list[str]]]:
+    """-> ({image_id: caption}, {image_id: reference captions}) for the real (non-padding) images."""
+    predictions, references = {}, {}
+    for batch in loader:
+        keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
+        if not keep:
+            continue
+        captions = caption_images(model, batch["image"][keep].to(device), tokenizer, settings)
+        for i, caption in zip(keep, captions):
+            image_id = int(batch["image_id"][i])
+            predictions[image_id] = caption
+            references[image_id] = list(batch["captions"][i])
+    return predictions, references
+
+
+def gather_to_all(predictions: dict, references: dict) -> tuple[dict, dict]:
+    """Merge every rank's dicts (no-op in a single process)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return predictions, references
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (predictions, references))
+    merged_p, merged_r = {}, {}
+    for p, r in parts:
+        merged_p.update(p)
+        merged_r.update(r)
+    return merged_p, merged_r
+
+
+def fast_cider_d(predictions: dict[int, str], references: dict[int, list[str]]) -> float:
+    """Corpus CIDEr-D (raw scale) of the predictions, df from these references, on clean_caption words."""
+    from mplug_pretrain.eval.cider_d import cider_d
+    from mplug_pretrain.train.scst import clean_caption
+    ids = sorted(predictions)
+    if not ids:
+        raise ValueError("predictions: empty")
+    return cider_d([clean_caption(predictions[i]) for i in ids],
+                   [[clean_caption(r) for r in references[i]] for i in ids])[0]
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def eval_loader(shards: str, image_size: int, cfg: Config):
+    from mplug_pretrain.data.pipeline import build_caption_eval_loader
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return build_caption_eval_loader(shards, batch_size=cfg.eval.batch_size, image_size=image_size,
+                                     num_workers=cfg.eval.num_workers, rank=_rank(), world_size=world)
+
+
+def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: str, checkpoint: str = "",
+                   extra: dict | None = None) -> dict:
+    """Caption ``shards``, score with pycocoevalcap on rank 0, write the metrics JSON ``out`` and the
+    predictions beside it. Returns the metrics (empty on other ranks)."""
+    from mplug_pretrain.eval.caption_metrics import evaluate_captions, write_caption_results
+    device = next(model.parameters()).device
+    model.eval()
+    loader = eval_loader(shards, model.config.vision.image_size, cfg)
+    settings = GenerationSettings.from_config(cfg)
+    predictions, references = gather_to_all(*generate_captions(model, loader, tokenizer, settings, device))
+    metrics: dict = {}
+    if _rank() == 0:
+        metrics = evaluate_captions(predictions, references, spice="auto")
+        predictions_path = os.path.join(os.path.dirname(os.path.abspath(out)), "caption_predictions.json")
+        write_caption_results(predictions, predictions_path)
+        report = {**metrics, **(extra or {}), "num_images": len(predictions), "shards": shards,
+                  "checkpoint": checkpoint, "predictions": predictions_path, "generation": asdict(settings),
+                  "spice": "computed" if "SPICE" in metrics else "skipped: Stanford CoreNLP 3.6.0 jars missing "
+                                                                 "from pycocoevalcap/spice/lib"}
+        tmp = out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(report, f, indent=2)
+        os.replace(tmp, out)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return metrics
+
+
+def run(cfg: Config, checkpoint: str, out: str | None = None) -> dict:
+    """`mplug eval caption --config FILE --checkpoint DIR [--out FILE]` -> metrics dict."""
+    from mplug_pretrain.data.tokenizer import load_tokenizer
+    from mplug_pretrain.models.mplug import MPLUG
+    shards = cfg.eval.shards or cfg.caption.val_shards
+    if not shards:
+        raise ConfigError("eval.shards / caption.val_shards: one is required (image-layout caption shards with "
+                          "json.captions references, e.g. `mplug make-shards coco --split test --layout image`)")
+    if not os.path.isfile(os.path.join(checkpoint, "config.json")):
+        raise ConfigError(f"--checkpoint: {checkpoint} is not a model folder (no config.json); "
+                          "use a run's model/ folder or `mplug export` a checkpoint first")
+    model = MPLUG.from_pretrained(checkpoint, image_size=cfg.eval.image_size).float()
+    model.to("cuda" if torch.cuda.is_available() else "cpu")
+    out = out or cfg.eval.output or os.path.join(cfg.run_dir, "metrics_caption.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    return evaluate_model(model, cfg, load_tokenizer(cfg.data.tokenizer), shards, out, checkpoint=checkpoint)

@@ -1,0 +1,30 @@
+"""The captioning part of `mplug demo`: fine-tune the pretrained tiny model on the synthetic caption shards
+with cross-entropy, then a short SCST (configs/caption_demo.yaml: both stages on cached features of the
+frozen ViT), and report held-out CIDEr-D on the synthetic validation scenes after each.
+
+    caption_demo(pretrained_dir, shards, run_root, seed) -> {"caption_cider": after SCST,
+        "caption_cider_xe": after cross-entropy only, "caption_model_dir": the final model folder}
+CIDEr-D is on the raw pycocoevalcap scale (x100 gives the papers' numbers), computed by our CIDEr-D (equal
+to pycocoevalcap's Cider on the same words) on lower-cased, punctuation-free words: no Java needed.
+About 3 minutes on 2 CPU cores (fp32, one process).
+"""
+from __future__ import annotations
+
+import os
+
+from mplug_pretrain.config import REPO_ROOT, load_config
+
+DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "caption_demo.yaml")
+
+
+def caption_demo(pretrained_dir: str, shards: dict, run_root: str, seed: int = 0,
+                 overrides: tuple[str, ...] = ()) -> dict:
+    """``shards``: ``data.demo_shards.ensure_demo_shards`` output (caption_train, caption_val);
+    ``overrides``: extra ``key=value`` config overrides (e.g. fewer steps)."""
+    from mplug_pretrain.train.caption_task import run
+    cfg = load_config(DEMO_CONFIG, [f"init_from={pretrained_dir}", f"caption.train_shards={shards['caption_train']}",
+                                    f"caption.val_shards={shards['caption_val']}", f"run.output_dir={run_root}",
+                                    "run.name=caption", f"run.seed={seed}", *overrides])
+    result = run(cfg)
+    cider = {s["stage"]: s["cider_d"] for s in result["stages"]}
+    return {"caption_cider": cider["scst"], "caption_cider_xe": cider["xe"], "caption_model_dir": result["model_dir"]}

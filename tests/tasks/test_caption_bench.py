@@ -1,0 +1,57 @@
+"""Benchmarks `generate` and `feature-cache` (quick sizes), and the no-cache decoding they time: it must
+produce the same beams as decoding with each decoder's cache."""
+import json
+
+import pytest
+import torch
+
+import mplug_pretrain  # noqa: F401  (torchvision shim first)
+from mplug_pretrain.bench import feature_cache as feature_cache_bench
+from mplug_pretrain.bench import generate as generate_bench
+from mplug_pretrain.models.generation import beam_search
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("kind", generate_bench.DECODERS)
+def test_decoding_without_cache_finds_the_same_beams(kind):
+    torch.manual_seed(0)
+    size = generate_bench.QUICK
+    decoder = generate_bench.build_decoder(kind, size)
+    memory = torch.randn(2, size.memory_tokens, size.width)
+    mask = torch.ones(2, size.memory_tokens, dtype=torch.long)
+    mask[1, -3:] = 0
+    cached = beam_search(decoder, memory, mask, beam_size=3, max_length=6, num_return=3)
+    full = beam_search(generate_bench.FullRecompute(decoder), memory, mask, beam_size=3, max_length=6, num_return=3)
+    assert torch.equal(cached.sequences, full.sequences)
+    torch.testing.assert_close(cached.scores, full.scores, rtol=1e-4, atol=1e-4)
+
+
+def test_generate_bench_rows(tmp_path):
+    out = tmp_path / "generate.json"
+    result = generate_bench.run(str(out), quick=True)
+    rows = result["rows"]
+    ours = [r for r in rows if r["implementation"] == "ours"]
+    theirs = [r for r in rows if r["implementation"] == "transformers"]
+    assert {(r["decoder"], r["beam"], r["cache"]) for r in ours} == {
+        (d, b, c) for d in ("bert", "expansion", "acf") for b in (1, 3, 5) for c in (True, False)}
+    assert {(r["beam"], r["cache"]) for r in theirs} == {(b, c) for b in (1, 3, 5) for c in (True, False)}
+    assert all(r["captions_per_s"] > 0 and r["parameters"] > 0 for r in rows)
+    with open(out) as f:
+        assert json.load(f)["bench"] == "generate"
+
+
+def test_feature_cache_bench_rows(tmp_path):
+    result = feature_cache_bench.run(str(tmp_path / "feature_cache.json"), quick=True)
+    assert {(r["mode"], r["objective"]) for r in result["rows"]} == {
+        (m, o) for m in ("end_to_end", "frozen_encoder", "cached_features") for o in ("xe", "scst")}
+    assert all(r["seconds_per_step"] > 0 for r in result["rows"])
+    trainable = {r["mode"]: r["trainable_parameters"] for r in result["rows"]}
+    assert trainable["end_to_end"] > trainable["frozen_encoder"] == trainable["cached_features"]
+    assert result["recipe_estimate"]["speedup"] > 0
