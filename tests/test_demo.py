@@ -1,0 +1,60 @@
+"""The main job, end to end, once (one shared fixture): `mplug demo` pretrains, fine-tunes and
+evaluates on the embedded data and must beat its reference levels by the promised margins."""
+import json
+import os
+
+import pytest
+
+from tests.helpers import read_log, run_mplug
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory, demo_shards):
+    out = tmp_path_factory.mktemp("demo") / "demo"
+    proc = run_mplug(["demo", "--out", str(out)], timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    with open(out / "metrics.json") as f:
+        return out, json.load(f), proc.stdout
+
+
+def test_demo_writes_metrics_report_and_plots(demo_run):
+    out, metrics, _ = demo_run
+    for key in ("retrieval_r1", "retrieval_chance", "caption_cider", "caption_cider_xe", "vqa_accuracy",
+                "vqa_majority_baseline", "video_retrieval_r1", "video_retrieval_chance"):
+        assert isinstance(metrics.get(key), (int, float)), key
+    report = (out / "report.md").read_text()
+    assert "retrieval" in report.lower() and "vqa" in report.lower()
+    assert (out / "plots" / "pretrain_losses.png").stat().st_size > 1000
+
+
+def test_demo_pretraining_lowers_every_loss(demo_run):
+    out, _, _ = demo_run
+    log = read_log(out / "pretrain")
+    window = max(5, len(log) // 10)
+    for key in ("loss_itc", "loss_itm", "loss_mlm", "loss_prefixlm"):
+        first = sum(r[key] for r in log[:window]) / window
+        last = sum(r[key] for r in log[-window:]) / window
+        assert last < first, (key, first, last)
+
+
+def test_demo_retrieval_beats_chance_threefold(demo_run):
+    _, metrics, _ = demo_run
+    assert metrics["retrieval_r1"] >= 3 * metrics["retrieval_chance"], metrics
+
+
+def test_demo_vqa_beats_majority_by_ten_points(demo_run):
+    _, metrics, _ = demo_run
+    assert metrics["vqa_accuracy"] >= metrics["vqa_majority_baseline"] + 10, metrics
+
+
+def test_demo_scst_raises_heldout_cider_over_xe(demo_run):
+    _, metrics, _ = demo_run
+    assert metrics["caption_cider"] > metrics["caption_cider_xe"], metrics
+
+
+def test_demo_video_retrieval_is_reported_next_to_chance(demo_run):
+    _, metrics, stdout = demo_run
+    assert 0 <= metrics["video_retrieval_chance"] < 100 and 0 <= metrics["video_retrieval_r1"] <= 100
+    assert "video_retrieval_r1" in stdout
