@@ -12,7 +12,7 @@ import glob
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 import yaml
 
@@ -26,16 +26,16 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @dataclass
 class DataConfig:
     """Shards: brace patterns; several sources separated by '::' with optional ``train_weights``."""
-    train_shards: Optional[str] = None  # required by `mplug pretrain`
-    train_weights: Optional[list[float]] = None
-    val_shards: Optional[str] = None
+    train_shards: str | None = None  # required by `mplug pretrain`
+    train_weights: list[float] | None = None
+    val_shards: str | None = None
     mode: Literal["exact", "resampled"] = "exact"
-    samples_per_epoch: Optional[int] = None  # resampled mode: per-epoch sample budget (all ranks)
+    samples_per_epoch: int | None = None  # resampled mode: per-epoch sample budget (all ranks)
     batch_size: int = 8  # per rank, per micro-step
     num_workers: int = 2
     max_text_len: int = 30
     shuffle_buffer: int = 1000
-    tokenizer: Optional[str] = None  # folder with vocab.txt; default: the MiniLM package's (bert-base-uncased vocab)
+    tokenizer: str | None = None  # folder with vocab.txt; default: the MiniLM package's (bert-base-uncased vocab)
 
 
 @dataclass
@@ -56,7 +56,7 @@ class OptimConfig:
 @dataclass
 class DistributedConfig:
     zero_stage: int = 2
-    template: Optional[str] = None  # DeepSpeed JSON template; default deepspeed_configs/zero{stage}.json
+    template: str | None = None  # DeepSpeed JSON template; default deepspeed_configs/zero{stage}.json
     offload_optimizer: bool = False
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on a GPU that has it, else fp32
     backend: Literal["auto", "gloo", "nccl"] = "auto"
@@ -87,24 +87,24 @@ class StageConfig:
     steps: int = 100  # optimizer steps
     freeze_vision: bool = False  # the ViT takes no gradient (projection, refiner, text, fusion, decoder train)
     cached_features: bool = False  # read the frozen ViT's features from the on-disk cache instead of images
-    lr_rest: Optional[float] = None  # default: optim.lr_rest
-    lr_vision: Optional[float] = None  # default: optim.lr_vision
-    min_lr: Optional[float] = None  # default: optim.min_lr; equal to the peak lrs gives a constant lr
-    warmup_steps: Optional[int] = None  # default: optim.warmup_steps
-    batch_size: Optional[int] = None  # per rank; default: data.batch_size
-    grad_accum_steps: Optional[int] = None  # default: optim.grad_accum_steps
+    lr_rest: float | None = None  # default: optim.lr_rest
+    lr_vision: float | None = None  # default: optim.lr_vision
+    min_lr: float | None = None  # default: optim.min_lr; equal to the peak lrs gives a constant lr
+    warmup_steps: int | None = None  # default: optim.warmup_steps
+    batch_size: int | None = None  # per rank; default: data.batch_size
+    grad_accum_steps: int | None = None  # default: optim.grad_accum_steps
 
 
 @dataclass
 class CaptionConfig:
     """`mplug finetune caption` (train/caption_task.py) and `mplug eval caption` (eval/caption_task.py)."""
-    train_shards: Optional[str] = None  # image-text shards (pair layout: one sample per caption)
-    val_shards: Optional[str] = None  # image layout (json.captions = references): evaluated after each stage
-    coco_json: Optional[str] = None  # Karpathy dataset_coco.json: SCST references (train + restval) without a shard scan
-    image_root: Optional[str] = None
+    train_shards: str | None = None  # image-text shards (pair layout: one sample per caption)
+    val_shards: str | None = None  # image layout (json.captions = references): evaluated after each stage
+    coco_json: str | None = None  # Karpathy dataset_coco.json: SCST references (train + restval) without a shard scan
+    image_root: str | None = None
     prompt: str = "a picture of"  # through text encoder + fusion with the image; the decoder writes the rest
     clean_captions: bool = True  # lower-case, punctuation removed (mPLUG pre_caption) in training text and rewards
-    image_size: Optional[int] = None  # fine-tuning resolution (ViT positions resized); default: init_from's
+    image_size: int | None = None  # fine-tuning resolution (ViT positions resized); default: init_from's
     augment: bool = False  # RandomResizedCrop + RandAugment in image stages (cached stages read eval-transform features)
     label_smoothing: float = 0.0
     scst_samples: int = 5  # k sampled captions per image; baseline = mean reward of the other k - 1
@@ -114,7 +114,7 @@ class CaptionConfig:
     max_length: int = 20  # generated tokens incl. [SEP], for beam search and SCST sampling
     min_length: int = 3  # beam search only
     length_penalty: float = 1.0
-    feature_cache: Optional[str] = None  # folder for cached frozen visual features; default <run dir>/feature_cache
+    feature_cache: str | None = None  # folder for cached frozen visual features; default <run dir>/feature_cache
     feature_dtype: Literal["float32", "float16"] = "float32"
     stage_cider: bool = True  # fast held-out CIDEr-D (no Java) after every stage when val_shards is set
     final_eval: Literal["coco", "none"] = "coco"  # pycocoevalcap metrics of the final model on val_shards
@@ -124,9 +124,9 @@ class CaptionConfig:
 @dataclass
 class VQAConfig:
     """VQA fine-tuning (train/vqa_task.py) and evaluation (eval/vqa_task.py); steps are optim.max_steps."""
-    train_shards: Optional[str] = None
-    val_shards: Optional[str] = None  # evaluated after fine-tuning and by `mplug eval vqa`
-    answer_list: Optional[str] = None  # JSON list or one per line; default: the list the val shards name
+    train_shards: str | None = None
+    val_shards: str | None = None  # evaluated after fine-tuning and by `mplug eval vqa`
+    answer_list: str | None = None  # JSON list or one per line; default: the list the val shards name
     inference: Literal["generate", "rank"] = "generate"
     rank_k: int = 128  # candidates kept by first-token probability before full scoring
     max_answer_length: int = 10  # answer tokens incl. [SEP]: the generation limit and the training truncation
@@ -135,26 +135,26 @@ class VQAConfig:
     # loss trains and ranking scores (1.0 averages per token, which favours answers of more word pieces)
     length_penalty: float = 0.0
     normalization: Literal["official_2021", "legacy"] = "official_2021"
-    image_size: Optional[int] = None  # fine-tuning resolution (ViT positions resized); default: init_from's
+    image_size: int | None = None  # fine-tuning resolution (ViT positions resized); default: init_from's
     augment: bool = True  # RandomResizedCrop + RandAugment on training images (mPLUG/ALBEF)
-    submission: Optional[str] = None  # test-dev results JSON; default: vqa_submission.json beside the metrics
+    submission: str | None = None  # test-dev results JSON; default: vqa_submission.json beside the metrics
 
 
 @dataclass
 class EvalConfig:
     """`mplug eval retrieval|video-retrieval|video-qa|video-caption`. Input: ``shards`` (our shards), or
     ``annotations`` (the data set's own file) with its files under ``image_root`` / ``video_root``."""
-    shards: Optional[str] = None
-    annotations: Optional[str] = None  # Karpathy/COCO JSON, MSRVTT jsonl/csv, MSRVTT-QA/MSVD-QA, VATEX JSON
-    split: Optional[str] = "test"  # Karpathy split(s) of ``annotations`` (null for a COCO annotation file)
-    image_root: Optional[str] = None
-    video_root: Optional[str] = None
+    shards: str | None = None
+    annotations: str | None = None  # Karpathy/COCO JSON, MSRVTT jsonl/csv, MSRVTT-QA/MSVD-QA, VATEX JSON
+    split: str | None = "test"  # Karpathy split(s) of ``annotations`` (null for a COCO annotation file)
+    image_root: str | None = None
+    video_root: str | None = None
     video_name_format: str = "{}"  # video file name from an annotation's video id, e.g. "video{}" (MSRVTT-QA)
-    video_mapping: Optional[str] = None  # MSVD youtube_mapping.txt ("<clip name> vid<N>" per line)
+    video_mapping: str | None = None  # MSVD youtube_mapping.txt ("<clip name> vid<N>" per line)
     num_frames: int = 8
     frame_sampling: Literal["uniform", "middle"] = "uniform"
     video_backend: Literal["auto", "pyav", "decord"] = "auto"
-    image_size: Optional[int] = None  # input resolution; default: the checkpoint's (ViT positions resized)
+    image_size: int | None = None  # input resolution; default: the checkpoint's (ViT positions resized)
     k_test: int = 128  # ITC candidates re-ranked by ITM per query (mPLUG: 256 COCO, 128 Flickr30K / MSRVTT)
     rerank_score: Literal["itc", "itm", "itm+itc"] = "itm"  # itc: no re-ranking
     batch_size: int = 16
@@ -163,12 +163,12 @@ class EvalConfig:
     prompt: str = "a video of"  # captioning prompt through text encoder + fusion
     caption_metrics: Literal["coco", "cider"] = "coco"  # coco: BLEU, METEOR, ROUGE-L, CIDEr (+SPICE); cider: CIDEr only
     qa_inference: Literal["rank", "generate"] = "rank"
-    answer_list: Optional[str] = None  # JSON list, {answer: label} or one per line; default: the evaluated answers
+    answer_list: str | None = None  # JSON list, {answer: label} or one per line; default: the evaluated answers
     rank_k: int = 128  # answers kept by first-token probability before full scoring
     beam_size: int = 5
     max_length: int = 20
     min_length: int = 1
-    output: Optional[str] = None  # metrics JSON path; default <run dir>/metrics_<task>.json
+    output: str | None = None  # metrics JSON path; default <run dir>/metrics_<task>.json
 
 
 @dataclass
@@ -181,14 +181,14 @@ class Config:
     caption: CaptionConfig = field(default_factory=CaptionConfig)
     vqa: VQAConfig = field(default_factory=VQAConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    init_from: Optional[str] = None  # a pretrained model folder (save_pretrained / mplug export)
+    init_from: str | None = None  # a pretrained model folder (save_pretrained / mplug export)
 
     @property
     def run_dir(self) -> str:
         return os.path.join(self.run.output_dir, self.run.name)
 
 
-def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None,
+def load_config(path: str | None = None, overrides: list[str] | None = None,
                 check_paths: bool = True) -> Config:
     """Resolve file + overrides into a validated Config (raises ConfigError)."""
     raw: dict = {}

@@ -5,6 +5,7 @@ Every error names the dotted field and what was expected, before any work starts
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -13,13 +14,14 @@ import yaml
 from mplug_pretrain.errors import ConfigError
 
 _NONE = type(None)
+_UNIONS = (Union, types.UnionType)  # Optional[X] and X | None
 
 
 def _type_name(tp: Any) -> str:
     origin = get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(tp))
-    if origin is Union:
+    if origin in _UNIONS:
         return " or ".join(_type_name(a) for a in get_args(tp))
     if tp is _NONE:
         return "null"
@@ -31,7 +33,7 @@ def coerce(value: Any, tp: Any, field: str) -> Any:
     origin = get_origin(tp)
     if tp is Any:
         return value
-    if origin is Union:
+    if origin in _UNIONS:
         args = get_args(tp)
         if value is None and _NONE in args:
             return None

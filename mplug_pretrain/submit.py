@@ -13,13 +13,12 @@ The script layout and the preemption protocol are described in :mod:`mplug_pretr
 from __future__ import annotations
 
 import argparse
-
-from mplug_pretrain.cli_parsing import IntermixedParser
 import os
 import re
 import subprocess
 import sys
 
+from mplug_pretrain.cli_parsing import IntermixedParser
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.slurm_script import (
     KINDS,

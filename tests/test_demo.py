@@ -1,7 +1,6 @@
 """The main job, end to end, once (one shared fixture): `mplug demo` pretrains, fine-tunes and
 evaluates on the embedded data and must beat its reference levels by the promised margins."""
 import json
-import os
 
 import pytest
 

@@ -1,6 +1,5 @@
 """Pretraining engine on real DeepSpeed (CPU, gloo): ZeRO stages, bf16, exact resume after kill -9,
 a checkpoint write killed half-way, export, non-finite loss handling. Launches real processes."""
-import json
 import os
 import signal
 import subprocess

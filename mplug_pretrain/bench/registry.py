@@ -12,6 +12,8 @@ _ALL_BENCHES = {
     "cider": "mplug_pretrain.bench.cider",
     "generate": "mplug_pretrain.bench.generate",
     "feature-cache": "mplug_pretrain.bench.feature_cache",
+    "data-peer": "mplug_pretrain.bench.data_peer",
+    "attention-peer": "mplug_pretrain.bench.attention_peer",
 }
 # only benchmarks whose module has landed are offered
 BENCHES = {name: mod for name, mod in _ALL_BENCHES.items() if importlib.util.find_spec(mod) is not None}

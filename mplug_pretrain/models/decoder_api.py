@@ -18,7 +18,7 @@ used as BOS) and end with [SEP] (id 102, EOS); [PAD] is 0; [MASK] is 103.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -31,4 +31,4 @@ MASK_ID = 103
 @dataclass
 class DecoderOutput:
     logits: torch.Tensor  # [B, T_new, V]
-    past: Optional[Any] = None
+    past: Any | None = None

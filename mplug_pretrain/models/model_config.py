@@ -6,7 +6,7 @@ Presets (tiny / base / large) are built in ``presets.py`` from these classes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 from mplug_pretrain.errors import ConfigError
 
@@ -20,7 +20,7 @@ class VisionConfig:
     layers: int = 12
     heads: int = 12
     mlp_ratio: float = 4.0
-    checkpoint_path: Optional[str] = None  # OpenAI CLIP / open_clip / timm file, loaded at build time
+    checkpoint_path: str | None = None  # OpenAI CLIP / open_clip / timm file, loaded at build time
     checkpoint_format: Literal["auto", "openai", "open_clip", "timm"] = "auto"
     project_to_text_width: bool = True  # Linear + LayerNorm when width != text width (ViT-L 1024 -> 768)
 
@@ -35,7 +35,7 @@ class TextConfig:
     encoder_layers: int = 6
     max_positions: int = 512
     dropout: float = 0.1
-    bert_checkpoint: Optional[str] = None  # BertModel folder; layers split between encoder and fusion
+    bert_checkpoint: str | None = None  # BertModel folder; layers split between encoder and fusion
 
 
 @dataclass
@@ -66,7 +66,7 @@ class DecoderConfig:
     dropout: float = 0.1
     max_positions: int = 512
     expansion_slots: int = 16  # N_E for dynamic expansion
-    bert_checkpoint: Optional[str] = None  # full BertModel folder for the bert decoder
+    bert_checkpoint: str | None = None  # full BertModel folder for the bert decoder
     tie_word_embeddings: bool = True
 
 

@@ -16,7 +16,6 @@ import random
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
-from typing import Optional
 
 import numpy as np
 import torch
@@ -92,7 +91,7 @@ def _write_latest(ckpt_dir: str, tag: str) -> None:
     os.replace(tmp, os.path.join(ckpt_dir, LATEST))
 
 
-def read_latest(ckpt_dir: str) -> Optional[str]:
+def read_latest(ckpt_dir: str) -> str | None:
     path = os.path.join(ckpt_dir, LATEST)
     if not os.path.isfile(path):
         return None
@@ -125,7 +124,7 @@ def load_checkpoint(engine, ckpt_dir: str, tag: str, rank: int) -> TrainerState:
     return TrainerState(**payload["trainer"])
 
 
-def resolve_resume(resume: Optional[str], ckpt_dir: str) -> Optional[str]:
+def resolve_resume(resume: str | None, ckpt_dir: str) -> str | None:
     """``latest`` (must exist), ``auto`` (latest if any), a tag name, or None -> tag to load."""
     if resume in (None, "", "none"):
         return None

@@ -3,7 +3,6 @@ loadable with ``MPLUG.from_pretrained`` and no DeepSpeed."""
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import torch
 
@@ -11,7 +10,7 @@ from mplug_pretrain.config import load_config
 from mplug_pretrain.train.checkpoint import read_latest
 
 
-def _locate(path: str, tag: Optional[str]) -> tuple[str, str, str]:
+def _locate(path: str, tag: str | None) -> tuple[str, str, str]:
     """-> (run_dir, checkpoints dir, tag) from a run folder, its checkpoints/ or a tag folder."""
     path = os.path.abspath(path)
     if os.path.isdir(os.path.join(path, "checkpoints")):
@@ -43,7 +42,7 @@ def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().clone() if v.is_floating_point() else v.detach().clone() for k, v in state.items()}
 
 
-def export_checkpoint(checkpoint: str, out: str, tag: Optional[str] = None) -> str:
+def export_checkpoint(checkpoint: str, out: str, tag: str | None = None) -> str:
     from mplug_pretrain.models.mplug import MPLUG
     run_dir, ckpt_dir, tag = _locate(checkpoint, tag)
     cfg = load_config(os.path.join(run_dir, "config.yaml"), check_paths=False)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, Optional
 
 import numpy as np
 import torch
@@ -86,7 +86,7 @@ def _all_ranks_max(values: list[float], device) -> list[float]:
     return t.tolist()
 
 
-def run_training(cfg: Config, task: TrainTask, resume: Optional[str] = None) -> dict:
+def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dict:
     """Train until ``optim.max_steps`` optimizer steps (or a stop signal). Returns a summary."""
     info = init_distributed(cfg.distributed.backend, cfg.distributed.timeout_minutes)
     rank, world = info.rank, info.world_size

@@ -3,8 +3,6 @@ data.pipeline (decode, augment, tokenize) -> MPLUG.forward (models/mplug.py) -> 
 (train/loop.py: DeepSpeed, schedule, momentum update, checkpoints)."""
 from __future__ import annotations
 
-from typing import Optional
-
 from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.train.checkpoint import TrainerState
@@ -38,7 +36,7 @@ def distill_alpha(cfg: Config, step: int) -> float:
     return alpha
 
 
-def run_pretrain(cfg: Config, resume: Optional[str] = None) -> dict:
+def run_pretrain(cfg: Config, resume: str | None = None) -> dict:
     if not cfg.data.train_shards:
         raise ConfigError("data.train_shards: required for pretraining (a brace pattern of .tar shards)")
     def losses(engine, batch: dict, state: TrainerState) -> dict:

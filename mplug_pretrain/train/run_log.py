@@ -7,7 +7,6 @@ import os
 import resource
 import sys
 import time
-from typing import Optional
 
 import torch
 
@@ -100,7 +99,7 @@ def truncate_log(run_dir: str, last_step: int) -> int:
 
 
 def plot_losses(run_dir: str, out_name: str = "losses.png", smooth: int = 10,
-                records: Optional[list[dict]] = None) -> Optional[str]:
+                records: list[dict] | None = None) -> str | None:
     """One panel per loss key, raw and moving average, from log.jsonl."""
     import matplotlib
     matplotlib.use("Agg")

@@ -12,7 +12,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.signal_name: str | None = None
 
-    def install(self) -> "StopRequest":
+    def install(self) -> StopRequest:
         for sig in (signal.SIGTERM, signal.SIGUSR1):
             signal.signal(sig, self._handle)
         return self

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -43,21 +42,27 @@ def answer_pairs(answers: list[list[str]], weights: list[list[float]], is_pad: t
     return rows, texts, pair_weights
 
 
+def weighted_answer_loss(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, rows: list[int],
+                         answer_ids: torch.Tensor, answer_mask: torch.Tensor, weights: list[float]) -> torch.Tensor:
+    """(1/#questions) sum_pairs w * -log p(answer | memory[row]); answers "[CLS] a [SEP]" [P, L], right padded."""
+    index = torch.tensor(rows, device=memory.device)
+    logits = decoder(answer_ids, answer_mask, memory[index], memory_mask[index]).logits
+    nll = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), answer_ids[:, 1:], reduction="none")  # [P, L-1]
+    per_pair = (nll * answer_mask[:, 1:]).sum(1)
+    weight = torch.tensor(weights, dtype=per_pair.dtype, device=per_pair.device)
+    return (weight * per_pair).sum() / len(set(rows))
+
+
 def vqa_answer_loss(model: nn.Module, batch: dict, tokenizer, max_answer_length: int) -> torch.Tensor:
-    """The weighted answer NLL of the module docstring (scalar). ``max_answer_length`` counts [SEP]."""
+    """The loss of the module docstring for one VQA batch (scalar). ``max_answer_length`` counts [SEP]."""
     memory, memory_mask = model.memory(batch["image"], batch["question_input_ids"], batch["question_attention_mask"])
     rows, texts, weights = answer_pairs(batch["answers"], batch["answer_weights"], batch.get("is_pad"),
                                         batch["question_id"])
     if not rows:  # a batch of padding only: a zero that still reaches the graph, so every rank steps alike
         return memory.sum() * 0.0
     ids, mask = tokenize(tokenizer, texts, max_answer_length + 1)
-    ids, mask = ids.to(memory.device), mask.to(memory.device)
-    index = torch.tensor(rows, device=memory.device)
-    logits = model.decoder(ids, mask, memory[index], memory_mask[index]).logits
-    nll = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")  # [P, L-1]
-    per_pair = (nll * mask[:, 1:]).sum(1)
-    weight = torch.tensor(weights, dtype=per_pair.dtype, device=per_pair.device)
-    return (weight * per_pair).sum() / len(set(rows))
+    return weighted_answer_loss(model.decoder, memory, memory_mask, rows, ids.to(memory.device),
+                                mask.to(memory.device), weights)
 
 
 def freeze_pretraining_heads(model: nn.Module) -> nn.Module:
@@ -104,7 +109,7 @@ def make_loader_builder(tokenizer):
     return make_loader
 
 
-def run(cfg: Config, resume: Optional[str] = None) -> dict:
+def run(cfg: Config, resume: str | None = None) -> dict:
     """Fine-tune, then evaluate the final model on vqa.val_shards (if set).
     -> {"summary": training summary, "metrics": evaluation metrics or {}}."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
