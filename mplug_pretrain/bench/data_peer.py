@@ -1,0 +1,105 @@
+"""`mplug bench data-peer`: our WebDataset training pipeline (data/pipeline.build_pretrain_loader) against
+open_clip's own `open_clip_train.data.get_wds_dataset` (the installed open_clip_train package, called as is),
+on the same demo pretraining shards, with the same image transform (data/transforms.build_train_transform:
+RandomResizedCrop + RandAugment + normalize at 64 px) and the same WordPiece tokenizer (max 30 tokens; open_clip
+calls it once per caption with fixed-length padding, as its own tokenizers do; ours tokenizes once per batch).
+Both run in training mode (shard + sample shuffling), batch 32, 1 and 2 DataLoader workers.
+
+samples_per_s = samples in ``timed_batches`` batches / their wall time; the clock starts after the first batch
+(worker start-up and shuffle-buffer fill excluded). Measurements alternate ours / open_clip at each worker count.
+Rows: workers, ours_samples_per_s, open_clip_samples_per_s, ratio (ours / open_clip; > 1 means we are faster),
+timed_batches.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Iterable
+
+from mplug_pretrain.bench.common import write_bench
+from mplug_pretrain.data.demo_shards import ensure_demo_shards
+from mplug_pretrain.data.pipeline import build_pretrain_loader
+from mplug_pretrain.data.tokenizer import load_tokenizer
+from mplug_pretrain.data.transforms import build_train_transform
+
+BATCH_SIZE, IMAGE_SIZE, MAX_TEXT_LEN = 32, 64, 30
+
+
+def _samples_per_s(loader: Iterable, timed_batches: int, count: Callable[[object], int]) -> float:
+    samples, start = 0, None
+    for i, batch in enumerate(loader):
+        if start is None:
+            start = time.perf_counter()
+            continue
+        samples += count(batch)
+        if i == timed_batches:
+            break
+    return samples / (time.perf_counter() - start)
+
+
+def _ours(shards: str, workers: int, tokenizer):
+    return build_pretrain_loader(shards, batch_size=BATCH_SIZE, image_size=IMAGE_SIZE, max_text_len=MAX_TEXT_LEN,
+                                 tokenizer=tokenizer, num_workers=workers, seed=0, train=True, rank=0, world_size=1)
+
+
+def _import_get_wds_dataset():
+    """open_clip_train/data.py imports pandas at the top for its CSV dataset only (``pd.read_csv`` in
+    CsvDataset); pandas is not a dependency of ours. When it is absent, a module that raises on any use stands
+    in, so open_clip's WebDataset code runs unmodified and a CSV path could not silently misbehave."""
+    import sys
+    import types
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        absent = types.ModuleType("pandas")
+
+        def _missing(name: str):
+            raise ImportError(f"pandas.{name}: pandas is not installed (only open_clip's CSV dataset needs it)")
+        absent.__getattr__ = _missing
+        sys.modules["pandas"] = absent
+    import open_clip_train.data as oc_data
+    from webdataset.tariterators import tar_file_expander, url_opener
+
+    import mplug_pretrain  # noqa: F401  (torchvision shim before open_clip)
+
+    def tarfile_to_samples_nothrow(src, handler=oc_data.log_and_continue):
+        # open_clip's own function, with one change: webdataset >= 1.0 ends every shard with an empty EOF
+        # dict, which open_clip_train 3.3's group_by_keys_nothrow indexes as a file (KeyError 'fname');
+        # eof_value=None restores the stream it was written for
+        files = tar_file_expander(url_opener(src, handler=handler), handler=handler, eof_value=None)
+        return oc_data.group_by_keys_nothrow(files, handler=handler)
+    oc_data.tarfile_to_samples_nothrow = tarfile_to_samples_nothrow  # get_wds_dataset looks it up per call
+    return oc_data.get_wds_dataset
+
+
+def _open_clip(shards: str, workers: int, tokenizer, num_samples: int):
+    get_wds_dataset = _import_get_wds_dataset()
+
+    def tokenize_caption(text: str):
+        return tokenizer([text], padding="max_length", truncation=True, max_length=MAX_TEXT_LEN,
+                         return_tensors="pt")["input_ids"]
+
+    args = argparse.Namespace(train_data=shards, val_data=None, train_num_samples=num_samples, seed=0,
+                              batch_size=BATCH_SIZE, world_size=1, workers=workers, dataset_resampled=False,
+                              train_data_upsampling_factors=None)
+    return get_wds_dataset(args, build_train_transform(IMAGE_SIZE), is_train=True, epoch=0,
+                           tokenizer=tokenize_caption).dataloader
+
+
+def run(out: str, quick: bool = False) -> dict:
+    from mplug_pretrain.data.manifest import shard_sample_counts
+    from mplug_pretrain.data.urls import all_shards, expand_sources
+    shards = ensure_demo_shards()["pretrain_train"]
+    num_samples = sum(shard_sample_counts(all_shards(expand_sources(shards, None))))
+    tokenizer = load_tokenizer()
+    timed_batches = 3 if quick else 60
+    rows = []
+    for workers in ((1,) if quick else (1, 2)):
+        ours = _samples_per_s(_ours(shards, workers, tokenizer), timed_batches,
+                              lambda b: int((~b["is_pad"]).sum()))
+        peer = _samples_per_s(_open_clip(shards, workers, tokenizer, num_samples), timed_batches,
+                              lambda b: len(b[0]))
+        rows.append({"workers": workers, "ours_samples_per_s": ours, "open_clip_samples_per_s": peer,
+                     "ratio": ours / peer, "timed_batches": timed_batches})
+    return write_bench("data_peer", rows, out, quick=quick, batch_size=BATCH_SIZE, image_size=IMAGE_SIZE,
+                       shards=shards, peer="open_clip_train.data.get_wds_dataset (open_clip_torch 3.3.0)")
