@@ -1,0 +1,148 @@
+"""`mplug eval vqa`: answer the questions of ``vqa.val_shards`` with a model folder, score, write files.
+
+    image, question -> MPLUG.memory (text encoder + fusion) -> the answer, by ``vqa.inference``:
+        generate  beam search (vqa.beam_size, vqa.length_penalty; at least 1 and at most vqa.max_answer_length
+                  tokens, [SEP] included), decoded to free text: mPLUG's open-vocabulary answers
+        rank      eval/vqa_ranking.rank_answers over the answer list (vqa.rank_k first-token candidates)
+    accuracy  eval/vqa_accuracy.evaluate_vqa with ``vqa.normalization`` over the questions that have human
+              answers (test splits have none: then only the submission is written)
+    files     the metrics JSON (``out`` | eval.output | <run_dir>/metrics_vqa.json) and the test-dev
+              submission [{"question_id", "answer"}] (vqa.submission | vqa_submission.json beside the metrics)
+The answer list: ``vqa.answer_list``, else the one the val shards' manifest names (needed by ``rank`` only).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+
+import torch
+from torch import nn
+
+from mplug_pretrain.config import Config, resolve_precision
+from mplug_pretrain.data.tokenizer import tokenize
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa, write_vqa_submission
+from mplug_pretrain.eval.vqa_ranking import rank_answers
+from mplug_pretrain.models.generation import beam_search, token_mask
+
+
+def decode_answers(tokenizer, sequences: torch.Tensor) -> list[str]:
+    """Generated token rows [N, L] (first [SEP] included, PAD after) -> answer strings."""
+    kept = (sequences * token_mask(sequences)).tolist()
+    return [text.strip() for text in tokenizer.batch_decode(kept, skip_special_tokens=True)]
+
+
+class AnswerPredictor:
+    """Answers a batch of (image, question) by generation or by ranking a fixed answer list."""
+
+    def __init__(self, model: nn.Module, tokenizer, inference: str, max_answer_length: int, beam_size: int,
+                 rank_k: int, answer_list: list[str] | None = None, length_penalty: float = 0.0):
+        if inference not in ("generate", "rank"):
+            raise ConfigError(f"vqa.inference: expected 'generate' or 'rank', got {inference!r}")
+        if inference == "rank" and not answer_list:
+            raise ConfigError("vqa.answer_list: `vqa.inference: rank` needs an answer list (set vqa.answer_list "
+                              "or write the shards with one)")
+        self.model, self.tokenizer, self.inference = model, tokenizer, inference
+        self.max_answer_length, self.beam_size, self.rank_k = max_answer_length, beam_size, rank_k
+        self.answer_list, self.length_penalty = answer_list, length_penalty
+        if inference == "rank":
+            self.answer_ids, self.answer_mask = tokenize(tokenizer, answer_list, max_answer_length + 1)
+
+    @torch.no_grad()
+    def __call__(self, image: torch.Tensor, question_ids: torch.Tensor, question_mask: torch.Tensor) -> list[str]:
+        memory, memory_mask = self.model.memory(image, question_ids, question_mask)
+        if self.inference == "rank":
+            best = rank_answers(self.model, memory, memory_mask, self.answer_ids, self.answer_mask, self.rank_k)[:, 0]
+            return [self.answer_list[i] for i in best.tolist()]
+        out = beam_search(self.model.decoder, memory, memory_mask, beam_size=self.beam_size,
+                          max_length=self.max_answer_length, min_length=1, length_penalty=self.length_penalty)
+        return decode_answers(self.tokenizer, out.sequences[:, 0])
+
+
+def answer_questions(predictor: AnswerPredictor, loader, device: torch.device, autocast=None) -> list[dict]:
+    """-> one record per real question: question_id, question, answer, all_answers (human answers)."""
+    records = []
+    for batch in loader:
+        keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
+        if not keep:
+            continue
+        rows = torch.tensor(keep)
+        with autocast or contextlib.nullcontext():
+            answers = predictor(batch["image"][rows].to(device), batch["question_input_ids"][rows].to(device),
+                                batch["question_attention_mask"][rows].to(device))
+        for i, answer in zip(keep, answers):
+            records.append({"question_id": batch["question_id"][i], "question": batch["question"][i],
+                            "answer": answer, "all_answers": batch["all_answers"][i]})
+    return records
+
+
+def score_records(records: list[dict], normalization: str) -> dict:
+    """Official accuracy over the records that have human answers; {} when none has (test splits)."""
+    gts = {r["question_id"]: r["all_answers"] for r in records if r["all_answers"]}
+    if not gts:
+        return {}
+    predictions = {r["question_id"]: r["answer"] for r in records if r["question_id"] in gts}
+    result = evaluate_vqa(predictions, gts, normalization)
+    return {"vqa_accuracy": result["overall"], "num_scored": result["num_questions"],
+            "normalization": normalization}
+
+
+def resolve_answer_list(cfg: Config, loader) -> list[str] | None:
+    if cfg.vqa.answer_list:
+        from mplug_pretrain.data.write_vqa import load_answer_list
+        return load_answer_list(cfg.vqa.answer_list)
+    return loader.answer_list
+
+
+def _autocast(cfg: Config, device: torch.device):
+    if device.type == "cuda" and resolve_precision(cfg) == "bf16":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return None
+
+
+def evaluate_model(model: nn.Module, cfg: Config, tokenizer, metrics_path: str,
+                   checkpoint: str | None = None) -> dict:
+    """Answer vqa.val_shards with ``model``, write the metrics JSON and the submission; -> metrics."""
+    from mplug_pretrain.data.pipeline import build_vqa_loader
+    v = cfg.vqa
+    if not v.val_shards:
+        raise ConfigError("vqa.val_shards: the questions to answer are required by `mplug eval vqa`")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = model.to(device).eval()
+    loader = build_vqa_loader(v.val_shards, batch_size=cfg.eval.batch_size, image_size=model.config.vision.image_size,
+                              max_text_len=cfg.data.max_text_len, tokenizer=tokenizer,
+                              num_workers=cfg.data.num_workers, train=False, rank=0, world_size=1)
+    predictor = AnswerPredictor(model, tokenizer, v.inference, v.max_answer_length, v.beam_size, v.rank_k,
+                                resolve_answer_list(cfg, loader), v.length_penalty)
+    start = time.time()
+    records = answer_questions(predictor, loader, device, _autocast(cfg, device))
+    seconds = time.time() - start
+    submission = v.submission or os.path.join(os.path.dirname(os.path.abspath(metrics_path)), "vqa_submission.json")
+    write_vqa_submission([{"question_id": r["question_id"], "answer": r["answer"]} for r in records], submission)
+    metrics = {"task": "vqa", "inference": v.inference, **score_records(records, v.normalization),
+               "num_questions": len(records), "questions_per_s": len(records) / max(seconds, 1e-9),
+               "submission": submission, "checkpoint": checkpoint, "shards": v.val_shards}
+    if v.inference == "rank":
+        metrics["rank_k"] = v.rank_k
+    else:
+        metrics.update(beam_size=v.beam_size, length_penalty=v.length_penalty)
+    os.makedirs(os.path.dirname(os.path.abspath(metrics_path)), exist_ok=True)
+    tmp = metrics_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(metrics, f, indent=2)
+    os.replace(tmp, metrics_path)
+    return metrics
+
+
+def run(cfg: Config, checkpoint: str, out: str | None = None) -> dict:
+    """`mplug eval vqa --checkpoint DIR`: DIR is a model folder (save_pretrained / mplug export / <run>/model)."""
+    from mplug_pretrain.data.tokenizer import load_tokenizer
+    from mplug_pretrain.models.mplug import MPLUG
+    if not os.path.isfile(os.path.join(checkpoint, "config.json")):
+        raise ConfigError(f"--checkpoint: {checkpoint} is not a model folder (no config.json); "
+                          "pass <run_dir>/model or an `mplug export` folder")
+    model = MPLUG.from_pretrained(checkpoint)
+    metrics_path = out or cfg.eval.output or os.path.join(cfg.run_dir, "metrics_vqa.json")
+    return evaluate_model(model, cfg, load_tokenizer(cfg.data.tokenizer), metrics_path, checkpoint=checkpoint)
