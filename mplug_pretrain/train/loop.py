@@ -129,13 +129,18 @@ def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dic
     losses_accum: dict[str, float] = {}
     micro = 0
 
+    loader = None  # stays None when a resumed run had already finished
     while state.global_step < o.max_steps and exit_reason == "finished":
         loader = task.make_loader(cfg, rank, world, state.epoch, state.batch_in_epoch)
         data_start = time.time()
         step_start = time.time()
         data_time = 0.0
         yielded = 0
-        for batch in loader:
+        # DataLoader draws its worker base seed from the global RNG when an iterator starts; our data
+        # is seeded explicitly, so keep that draw off the training RNG stream (exact resume needs it)
+        with torch.random.fork_rng(devices=[]):
+            batches = iter(loader)
+        for batch in batches:
             yielded += 1
             data_time += time.time() - data_start
             state.batch_in_epoch += 1
