@@ -121,6 +121,9 @@ class CaptionConfig:
     stages: list[StageConfig] = field(default_factory=lambda: [StageConfig()])
 
 
+VQA_FREEZABLE = ("image_encoder", "text_encoder", "fusion")
+
+
 @dataclass
 class VQAConfig:
     """VQA fine-tuning (train/vqa_task.py) and evaluation (eval/vqa_task.py); steps are optim.max_steps."""
@@ -137,6 +140,9 @@ class VQAConfig:
     normalization: Literal["official_2021", "legacy"] = "official_2021"
     image_size: int | None = None  # fine-tuning resolution (ViT positions resized); default: init_from's
     augment: bool = True  # RandomResizedCrop + RandAugment on training images (mPLUG/ALBEF)
+    # parts kept frozen (no gradient, eval mode): image_encoder | text_encoder | fusion; [] = mPLUG's full
+    # fine-tuning. Freezing all three trains the decoder alone on fixed memories (a fast CPU recipe).
+    freeze: list[str] = field(default_factory=list)
     submission: str | None = None  # test-dev results JSON; default: vqa_submission.json beside the metrics
 
 
@@ -284,6 +290,9 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
     _positive(cfg.vqa.rank_k, "vqa.rank_k")
     _positive(cfg.vqa.beam_size, "vqa.beam_size")
     _positive(cfg.vqa.length_penalty, "vqa.length_penalty", allow_zero=True)
+    unknown = [name for name in cfg.vqa.freeze if name not in VQA_FREEZABLE]
+    if unknown:
+        raise ConfigError(f"vqa.freeze: unknown part {unknown[0]!r} (known: {', '.join(VQA_FREEZABLE)})")
     if cfg.vqa.max_answer_length < 2:
         raise ConfigError("vqa.max_answer_length: expected >= 2 (one word and [SEP]), "
                           f"got {cfg.vqa.max_answer_length}")

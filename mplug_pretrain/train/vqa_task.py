@@ -7,9 +7,10 @@ One batch from shard to loss:
   L = (1/B) * sum_q sum_{a in A(q)} w(q, a) * ( -sum_t log p(a_t | a_<t, memory[q]) )
       w(q, a) = #annotators who answered a / #annotators; the token sum covers the answer and [SEP];
       B counts the real (non-padding) questions (ALBEF/mPLUG: ``(weights * loss).sum() / batch``).
-The pretraining heads (ITC, ITM, MLM) take no part and are frozen. The shared loop (train/loop.py) does
-DeepSpeed, the schedule, checkpoints and <run_dir>/model; afterwards rank 0 evaluates that model on
-``vqa.val_shards`` (eval/vqa_task.py) into <run_dir>/metrics.json and the submission JSON.
+The pretraining heads (ITC, ITM, MLM) take no part and are frozen; ``vqa.freeze`` may freeze the encoders
+and the fusion too. The shared loop (train/loop.py) does DeepSpeed, the schedule, checkpoints and
+<run_dir>/model; afterwards rank 0 evaluates that model on ``vqa.val_shards`` (eval/vqa_task.py) into
+<run_dir>/metrics.json and the submission JSON.
 """
 from __future__ import annotations
 
@@ -58,8 +59,9 @@ def vqa_answer_loss(model: nn.Module, batch: dict, tokenizer, max_answer_length:
     memory, memory_mask = model.memory(batch["image"], batch["question_input_ids"], batch["question_attention_mask"])
     rows, texts, weights = answer_pairs(batch["answers"], batch["answer_weights"], batch.get("is_pad"),
                                         batch["question_id"])
-    if not rows:  # a batch of padding only: a zero that still reaches the graph, so every rank steps alike
-        return memory.sum() * 0.0
+    if not rows:  # a batch of padding only: a zero that still reaches the decoder, so every rank steps alike
+        bos = batch["question_input_ids"][:1, :1]
+        return model.decoder(bos, torch.ones_like(bos), memory[:1], memory_mask[:1]).logits.sum() * 0.0
     ids, mask = tokenize(tokenizer, texts, max_answer_length + 1)
     return weighted_answer_loss(model.decoder, memory, memory_mask, rows, ids.to(memory.device),
                                 mask.to(memory.device), weights)
@@ -69,6 +71,13 @@ def freeze_pretraining_heads(model: nn.Module) -> nn.Module:
     """ITC projections/temperature, ITM and MLM heads get no gradient in VQA: keep them out of the optimizer."""
     for head in (model.itc, model.itm_head, model.mlm_head):
         head.requires_grad_(False)
+    return model
+
+
+def freeze_parts(model: nn.Module, names: list[str]) -> nn.Module:
+    """``vqa.freeze``: no gradient and eval mode (no dropout) for these parts; call again after ``.train()``."""
+    for name in names:
+        getattr(model, name).requires_grad_(False).eval()
     return model
 
 
@@ -91,7 +100,7 @@ def build_model(cfg: Config) -> nn.Module:
             raise ConfigError("vqa.image_size: only re-targets a pretrained model (init_from); without one set "
                               "model.vision.image_size")
         model = MPLUG(cfg.model)
-    return freeze_pretraining_heads(model)
+    return freeze_parts(freeze_pretraining_heads(model), cfg.vqa.freeze)
 
 
 def make_loader_builder(tokenizer):
@@ -118,6 +127,7 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     tokenizer = load_tokenizer(cfg.data.tokenizer)
 
     def losses(engine, batch: dict, state: TrainerState) -> dict:
+        freeze_parts(engine.module, cfg.vqa.freeze)  # an engine.train() would have switched dropout back on
         return {"loss": vqa_answer_loss(engine.module, batch, tokenizer, cfg.vqa.max_answer_length)}
 
     task = TrainTask(name="vqa", build_model=build_model, make_loader=make_loader_builder(tokenizer), losses=losses)

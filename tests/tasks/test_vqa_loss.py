@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim before timm / open_clip)
+from mplug_pretrain.config import config_from_dict
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
-from mplug_pretrain.errors import DataError
+from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.models.presets import build_model
-from mplug_pretrain.train.vqa_task import freeze_pretraining_heads, vqa_answer_loss
+from mplug_pretrain.train.vqa_task import freeze_parts, freeze_pretraining_heads, vqa_answer_loss
 
 QUESTIONS = ["what color is the shape?", "is there a red circle in the image?", "", "how many dogs?"]
 ANSWERS = [["blue", "teal"], ["yes", "no", "not sure"], [], ["two"]]
@@ -84,7 +85,7 @@ def test_padding_only_batch_gives_a_differentiable_zero(tokenizer):
     batch = make_batch(tokenizer)
     batch["is_pad"] = torch.ones(len(QUESTIONS), dtype=torch.bool)
     loss = vqa_answer_loss(model, batch, tokenizer, MAX_ANSWER_LENGTH)
-    assert float(loss) == 0.0 and loss.requires_grad
+    assert float(loss.detach()) == 0.0 and loss.requires_grad
 
 
 def test_a_real_question_without_answers_is_a_data_error(tokenizer):
@@ -93,3 +94,24 @@ def test_a_real_question_without_answers_is_a_data_error(tokenizer):
     batch["is_pad"] = torch.zeros(len(QUESTIONS), dtype=torch.bool)
     with pytest.raises(DataError, match="question -1"):
         vqa_answer_loss(model, batch, tokenizer, MAX_ANSWER_LENGTH)
+
+
+def test_frozen_parts_get_no_gradient_and_no_dropout(tokenizer):
+    model = freeze_parts(build_model("tiny", heads={"use_momentum": False}).train(),
+                         ["image_encoder", "text_encoder", "fusion"])
+    assert not model.fusion.training and model.decoder.training
+    batch = make_batch(tokenizer)
+    loss = vqa_answer_loss(model, batch, tokenizer, MAX_ANSWER_LENGTH)
+    loss.backward()
+    assert all(p.grad is None for part in (model.image_encoder, model.text_encoder, model.fusion)
+               for p in part.parameters())
+    assert all(p.grad is not None for p in model.decoder.layers.parameters())
+    batch["is_pad"] = torch.ones(len(QUESTIONS), dtype=torch.bool)
+    assert vqa_answer_loss(model, batch, tokenizer, MAX_ANSWER_LENGTH).requires_grad  # DeepSpeed can step it
+
+
+def test_config_names_the_bad_vqa_field():
+    with pytest.raises(ConfigError, match="vqa.freeze: unknown part 'decoder'"):
+        config_from_dict({"vqa": {"freeze": ["decoder"]}}, check_paths=False)
+    with pytest.raises(ConfigError, match="vqa.max_answer_length"):
+        config_from_dict({"vqa": {"max_answer_length": 1}}, check_paths=False)

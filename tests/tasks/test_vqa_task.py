@@ -126,7 +126,7 @@ def trained_toy(shards):
             cache.append((memory, memory_mask, rows, ids, mask, weights))
     model.decoder.train()
     epochs = 12
-    optimizer = torch.optim.AdamW(model.decoder.parameters(), lr=2e-3)
+    optimizer = torch.optim.AdamW(model.decoder.parameters(), lr=2e-3, fused=True)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / (epochs * len(cache)))
     for _ in range(epochs):  # over the cached memories
         for memory, memory_mask, rows, ids, mask, weights in cache:
