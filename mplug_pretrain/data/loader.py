@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
+import torch
 from torch.utils.data import DataLoader
 
 from mplug_pretrain.data.decode_stats import DecodeStats
+from mplug_pretrain.data.epoch_plan import derive_seed
 from mplug_pretrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -47,8 +49,14 @@ class ShardLoader:
         return self.num_batches - self.stream.start_batch
 
     def __iter__(self) -> Iterator[dict]:
+        # A DataLoader iterator draws its workers' base seed when it starts (here: at the first batch,
+        # this being a generator), from the global torch RNG unless given a generator of its own. That
+        # draw happened before step 1 in an uninterrupted run but after the RNG restore in a resumed one,
+        # so dropout / MLM masking diverged after resume. Our data is seeded explicitly (epoch_plan), so
+        # the base seed gets a private generator and the training RNG stream is never touched.
+        base_seed = torch.Generator().manual_seed(derive_seed(self.stream.seed, self.stream.epoch, "dataloader"))
         loader = DataLoader(self.stream, batch_size=None, num_workers=self.num_workers,
-                            pin_memory=self.pin_memory, persistent_workers=False)
+                            pin_memory=self.pin_memory, persistent_workers=False, generator=base_seed)
         for batch in loader:
             self.stats.merge(batch.pop("__stats__"))
             yield batch

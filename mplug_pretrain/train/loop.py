@@ -136,11 +136,7 @@ def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dic
         step_start = time.time()
         data_time = 0.0
         yielded = 0
-        # DataLoader draws its worker base seed from the global RNG when an iterator starts; our data
-        # is seeded explicitly, so keep that draw off the training RNG stream (exact resume needs it)
-        with torch.random.fork_rng(devices=[]):
-            batches = iter(loader)
-        for batch in batches:
+        for batch in loader:
             yielded += 1
             data_time += time.time() - data_start
             state.batch_in_epoch += 1
