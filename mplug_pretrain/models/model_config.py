@@ -36,6 +36,12 @@ class TextConfig:
     max_positions: int = 512
     dropout: float = 0.1
     bert_checkpoint: str | None = None  # BertModel folder; layers split between encoder and fusion
+    # "bert": N(0, 0.02) weights and embeddings (BERT's; right under a bert_checkpoint). "scratch": fan-in
+    # N(0, 1/d_in) for the text encoder, fusion and ITC projections and N(0, 0.1^2) word embeddings (they
+    # then outweigh the position embeddings), for training without a checkpoint: under BERT's init every
+    # caption's [CLS] is the same vector (cosine 1.00 on the demo data), so ITC starts at a symmetric
+    # saddle and stays at chance for 1000+ steps.
+    init: Literal["bert", "scratch"] = "bert"
 
 
 @dataclass

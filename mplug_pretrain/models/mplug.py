@@ -91,6 +91,16 @@ class MPLUG(nn.Module):
                 if isinstance(module, nn.LayerNorm):
                     nn.init.ones_(module.weight)
                     nn.init.zeros_(module.bias)
+        if self.config.text.init == "scratch":
+            self._init_from_scratch()
+
+    def _init_from_scratch(self) -> None:
+        """``text.init: scratch`` (model_config.TextConfig): fan-in scaled text-side weights, unit embeddings."""
+        for part in (self.text_encoder, self.fusion, self.itc):
+            for module in part.modules():
+                if isinstance(module, nn.Linear):
+                    nn.init.normal_(module.weight, std=module.in_features ** -0.5)
+        nn.init.normal_(self.text_encoder.embeddings.word_embeddings.weight, std=0.1)
 
     def _load_pretrained_parts(self) -> None:
         from mplug_pretrain.models.bert_init import init_decoder_from_bert, init_text_from_bert
