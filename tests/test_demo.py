@@ -28,8 +28,6 @@ def test_demo_writes_metrics_report_and_plots(demo_run):
     assert (out / "plots" / "pretrain_losses.png").stat().st_size > 1000
 
 
-@pytest.mark.xfail(reason="open (issue 4): MLM and PrefixLM fall (10.4 -> ~1.5), but ITC rises with the filling "
-                          "queue and stays near log(queue) and ITM stays near ln 2 in the demo's short run", strict=False)
 def test_demo_pretraining_lowers_every_loss(demo_run):
     out, _, _ = demo_run
     log = read_log(out / "pretrain")
@@ -47,30 +45,22 @@ def test_demo_pretraining_lowers_the_language_losses(demo_run):
         assert sum(r[key] for r in log[-10:]) / 10 < 0.5 * sum(r[key] for r in log[:10]) / 10, key
 
 
-@pytest.mark.xfail(reason="open (issue 4): after the demo's 300-step from-scratch pretraining the ITC features "
-                          "collapse to one direction; measured retrieval_r1 0.40 = chance 0.40", strict=False)
 def test_demo_retrieval_beats_chance_threefold(demo_run):
     _, metrics, _ = demo_run
     assert metrics["retrieval_r1"] >= 3 * metrics["retrieval_chance"], metrics
 
 
-@pytest.mark.xfail(reason="open (issue 8): measured 41.6% vs majority 37.6% (+4 points, 2 min of fine-tuning "
-                          "from the demo's pretrained tiny model)", strict=False)
 def test_demo_vqa_beats_majority_by_ten_points(demo_run):
     _, metrics, _ = demo_run
     assert metrics["vqa_accuracy"] >= metrics["vqa_majority_baseline"] + 10, metrics
 
 
-@pytest.mark.xfail(reason="open (issue 7): on the demo's pretrained tiny model the short SCST stage lowered "
-                          "held-out CIDEr-D (measured 1.83 after SCST vs 2.14 after XE)", strict=False)
+@pytest.mark.xfail(reason="open (issue 7): SCST raises the training reward of sampled captions (2.32 -> 2.55 over "
+                          "50 steps) but not held-out beam-search CIDEr-D (measured 3.19 after XE, 3.17 after SCST)",
+                   strict=False)
 def test_demo_scst_raises_heldout_cider_over_xe(demo_run):
     _, metrics, _ = demo_run
     assert metrics["caption_cider"] > metrics["caption_cider_xe"], metrics
-
-
-def test_demo_vqa_beats_the_majority_baseline(demo_run):
-    _, metrics, _ = demo_run
-    assert metrics["vqa_accuracy"] > metrics["vqa_majority_baseline"], metrics
 
 
 def test_demo_video_retrieval_is_reported_next_to_chance(demo_run):

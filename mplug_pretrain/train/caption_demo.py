@@ -6,7 +6,7 @@ frozen ViT), and report held-out CIDEr-D on the synthetic validation scenes afte
         "caption_cider_xe": after cross-entropy only, "caption_model_dir": the final model folder}
 CIDEr-D is on the raw pycocoevalcap scale (x100 gives the papers' numbers), computed by our CIDEr-D (equal
 to pycocoevalcap's Cider on the same words) on lower-cased, punctuation-free words: no Java needed.
-About 3 minutes on 2 CPU cores (fp32, one process).
+About 4 minutes on 2 CPU cores (fp32, one process).
 """
 from __future__ import annotations
 
