@@ -41,7 +41,7 @@ def test_demo_pretraining_lowers_every_loss(demo_run):
 def test_demo_pretraining_lowers_the_language_losses(demo_run):
     out, _, _ = demo_run
     log = read_log(out / "pretrain")
-    for key in ("loss_mlm", "loss_prefixlm", "loss"):
+    for key in ("loss_mlm", "loss_prefixlm"):  # the total is dominated by ITC (4x), near log(queue) by design
         assert sum(r[key] for r in log[-10:]) / 10 < 0.5 * sum(r[key] for r in log[:10]) / 10, key
 
 
