@@ -2,7 +2,6 @@
 {"bench": NAME, "machine": {...}, "rows": [flat objects with named fields], ...extra}."""
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -10,6 +9,8 @@ import time
 from collections.abc import Callable
 
 import torch
+
+from mplug_pretrain.json_files import write_json_atomic
 
 
 def machine_info() -> dict:
@@ -55,9 +56,5 @@ def write_bench(name: str, rows: list[dict], out: str, **extra) -> dict:
     result = {"bench": name, "machine": machine_info(), "rows": rows, **extra}
     if out.endswith("/") or os.path.isdir(out):
         out = os.path.join(out, f"{name.replace('-', '_')}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, out)
+    write_json_atomic(out, result)
     return result

@@ -19,6 +19,8 @@ import shutil
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Literal
 
+from mplug_pretrain.json_files import write_json_atomic
+
 ImageId = Hashable
 Predictions = Mapping[ImageId, str] | Sequence[Mapping[str, object]]
 
@@ -49,11 +51,7 @@ def write_caption_results(predictions: Predictions, path: str) -> list[dict]:
     """Write the COCO results format ``[{"image_id": id, "caption": str}]`` (sorted by id)."""
     preds = predictions_as_dict(predictions)
     rows = [{"image_id": image_id, "caption": caption} for image_id, caption in sorted(preds.items(), key=lambda kv: str(kv[0]))]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(rows, f)
-    os.replace(tmp, path)
+    write_json_atomic(path, rows, indent=None)
     return rows
 
 

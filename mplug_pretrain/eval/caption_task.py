@@ -26,6 +26,7 @@ from torch import nn
 from mplug_pretrain.config import Config
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.json_files import write_json_atomic
 from mplug_pretrain.models.generation import beam_search, token_mask
 
 GENERATION_FILE = "caption_generation.json"  # written into fine-tuned model folders
@@ -146,10 +147,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
                   "checkpoint": checkpoint, "predictions": predictions_path, "generation": asdict(settings),
                   "spice": "computed" if "SPICE" in metrics else "skipped: Stanford CoreNLP 3.6.0 jars missing "
                                                                  "from pycocoevalcap/spice/lib"}
-        tmp = out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(report, f, indent=2)
-        os.replace(tmp, out)
+        write_json_atomic(out, report)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return metrics

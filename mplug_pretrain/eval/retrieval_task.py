@@ -16,7 +16,6 @@ Also the plumbing every evaluation task of this package shares: ``load_eval_mode
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.eval.retrieval import embed_images, embed_texts, evaluate_retrieval, model_device
 from mplug_pretrain.eval.video_encoding import SkipReport
+from mplug_pretrain.json_files import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +57,7 @@ def metrics_path(cfg, task: str, out: str | None) -> str:
 
 
 def write_metrics(path: str, metrics: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(metrics, f, indent=2)
-    os.replace(tmp, path)
+    write_json_atomic(path, metrics)
 
 
 # ----------------------------------------------------------------------------- inputs

@@ -24,11 +24,11 @@ passed as the ``count`` of ``sub`` (so at most 32 periods are removed); ``manual
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Literal
+
+from mplug_pretrain.json_files import write_json_atomic
 
 Normalization = Literal["official_2021", "legacy"]
 
@@ -167,9 +167,5 @@ def write_vqa_submission(predictions: Mapping[int, str] | Sequence[Mapping[str, 
         seen.add(qid)
         rows.append({"question_id": qid, "answer": answer})
     rows.sort(key=lambda r: r["question_id"])
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(rows, f)
-    os.replace(tmp, path)
+    write_json_atomic(path, rows, indent=None)
     return rows

@@ -13,7 +13,6 @@ The answer list: ``vqa.answer_list``, else the one the val shards' manifest name
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 
@@ -25,6 +24,7 @@ from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa, write_vqa_submission
 from mplug_pretrain.eval.vqa_ranking import rank_answers
+from mplug_pretrain.json_files import write_json_atomic
 from mplug_pretrain.models.generation import beam_search, token_mask
 
 
@@ -128,11 +128,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, metrics_path: str,
         metrics["rank_k"] = v.rank_k
     else:
         metrics.update(beam_size=v.beam_size, length_penalty=v.length_penalty)
-    os.makedirs(os.path.dirname(os.path.abspath(metrics_path)), exist_ok=True)
-    tmp = metrics_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(metrics, f, indent=2)
-    os.replace(tmp, metrics_path)
+    write_json_atomic(metrics_path, metrics)
     return metrics
 
 
