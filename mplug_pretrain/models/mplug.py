@@ -95,7 +95,7 @@ class MPLUG(nn.Module):
             self._init_from_scratch()
 
     def _init_from_scratch(self) -> None:
-        """``text.init: scratch`` (model_config.TextConfig): fan-in scaled text-side weights, unit embeddings."""
+        """``text.init: scratch`` (model_config.TextConfig): fan-in scaled text-side weights, N(0, 0.1^2) word embeddings."""
         for part in (self.text_encoder, self.fusion, self.itc):
             for module in part.modules():
                 if isinstance(module, nn.Linear):

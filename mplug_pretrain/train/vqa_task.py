@@ -75,7 +75,8 @@ def freeze_pretraining_heads(model: nn.Module) -> nn.Module:
 
 
 def freeze_parts(model: nn.Module, names: list[str]) -> nn.Module:
-    """``vqa.freeze``: no gradient and eval mode (no dropout) for these parts; call again after ``.train()``."""
+    """``vqa.freeze``: no gradient and eval mode (no dropout) for these parts. Applied once when the model is
+    built; the training loop never calls ``.train()`` again, which would switch their dropout back on."""
     for name in names:
         getattr(model, name).requires_grad_(False).eval()
     return model
@@ -127,7 +128,6 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     tokenizer = load_tokenizer(cfg.data.tokenizer)
 
     def losses(engine, batch: dict, state: TrainerState) -> dict:
-        freeze_parts(engine.module, cfg.vqa.freeze)  # an engine.train() would have switched dropout back on
         return {"loss": vqa_answer_loss(engine.module, batch, tokenizer, cfg.vqa.max_answer_length)}
 
     task = TrainTask(name="vqa", build_model=build_model, make_loader=make_loader_builder(tokenizer), losses=losses)
