@@ -7,7 +7,9 @@ ROWS = [
     ("retrieval_r1", "retrieval_chance", "Zero-shot image-text retrieval R@1 (%) on held-out scenes", 3.0),
     ("video_retrieval_r1", "video_retrieval_chance", "Zero-shot text-video retrieval R@1 (%) on synthetic videos", None),
     ("vqa_accuracy", "vqa_majority_baseline", "easy-vqa accuracy (%), official VQA formula", None),
-    ("caption_cider", "caption_cider_xe", "Held-out caption CIDEr-D after SCST (vs XE only)", None),
+    ("caption_cider", "caption_cider_xe", "Held-out caption CIDEr-D after SCST (vs XE only), beam search", None),
+    ("caption_sample_cider", "caption_sample_cider_xe",
+     "Held-out mean CIDEr-D of sampled captions after SCST (vs XE only): the SCST objective", None),
 ]
 
 

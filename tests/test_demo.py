@@ -20,7 +20,8 @@ def demo_run(tmp_path_factory, demo_shards):
 
 def test_demo_writes_metrics_report_and_plots(demo_run):
     out, metrics, _ = demo_run
-    for key in ("retrieval_r1", "retrieval_chance", "caption_cider", "caption_cider_xe", "vqa_accuracy",
+    for key in ("retrieval_r1", "retrieval_chance", "caption_cider", "caption_cider_xe", "caption_sample_cider",
+                "caption_sample_cider_xe", "vqa_accuracy",
                 "vqa_majority_baseline", "video_retrieval_r1", "video_retrieval_chance"):
         assert isinstance(metrics.get(key), (int, float)), key
     report = (out / "report.md").read_text()
@@ -55,9 +56,16 @@ def test_demo_vqa_beats_majority_by_ten_points(demo_run):
     assert metrics["vqa_accuracy"] >= metrics["vqa_majority_baseline"] + 10, metrics
 
 
-@pytest.mark.xfail(reason="open (issue 7): SCST raises the training reward of sampled captions (2.32 -> 2.55 over "
-                          "50 steps) but not reliably held-out beam-search CIDEr-D (two runs: 3.19 -> 3.17, "
-                          "3.20 -> 3.22)",
+def test_demo_scst_raises_the_heldout_mean_cider_of_sampled_captions(demo_run):
+    """What SCST maximises (the expected CIDEr-D of sampled captions) rises on images it never trained on."""
+    _, metrics, _ = demo_run
+    assert metrics["caption_sample_cider"] > metrics["caption_sample_cider_xe"], metrics
+
+
+@pytest.mark.xfail(reason="open (issue 7): the tiny demo captioner (frozen 300-step ViT) gets colours right but "
+                          "guesses shapes and positions; 75 SCST steps raise the held-out mean CIDEr-D of sampled "
+                          "captions (2.21 -> 2.37) but reshuffle the beam's guesses (beam CIDEr-D 3.22 -> 3.08; "
+                          "3.12-3.16 in three other runs)",
                    strict=False)
 def test_demo_scst_raises_heldout_cider_over_xe(demo_run):
     _, metrics, _ = demo_run

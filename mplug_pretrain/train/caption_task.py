@@ -10,13 +10,14 @@ One batch from shard to loss:
   xe    memory = fuse(V, "[CLS] a picture of [SEP]"); the decoder reads "[CLS] c_1..c_n" and predicts
         "c_1..c_n [SEP]": token-mean cross-entropy (optional label smoothing), as MPLUG.caption_loss
   scst  one row per distinct image; k samples from the decoder over that memory; CIDEr-D reward against the
-        image's training references with the leave-one-out baseline (train/scst.py)
+        image's training references with the leave-one-out baseline; dropout off (train/scst.py)
 Padding rows (is_pad) take no part. Stages run in order, each a ``run_training`` call (DeepSpeed, schedule,
 checkpoints, log) in <run dir>/<i>_<name>/, initialised from the previous stage's model/ folder; the first
 from ``init_from`` (random init saved to <run dir>/0_init/model when there is none).
 The captioner drops the momentum encoders and freezes the pretraining heads (ITC, ITM, MLM) it never uses.
 With ``--resume``, finished stages (marker stage_done.json) are skipped and the first unfinished one resumes.
-After each stage: fast held-out CIDEr-D on caption.val_shards (``caption.stage_cider``); after the last:
+After each stage: fast held-out CIDEr-D on caption.val_shards, of beam search and of sampled captions
+(``caption.stage_cider``); after the last:
 the pycocoevalcap metrics into <run dir>/metrics.json (``caption.final_eval``).
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.feature_cache import states_from_vit_tokens
 from mplug_pretrain.train.loop import TrainTask, run_training, seed_everything
-from mplug_pretrain.train.scst import CiderDReward, clean_caption, scst_loss
+from mplug_pretrain.train.scst import CiderDReward, clean_caption, policy_mode, scst_loss
 
 STAGE_DONE = "stage_done.json"
 
@@ -220,10 +221,12 @@ def scst_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt:
     for i in rows:  # SCST is image-wise: one row per distinct image of the batch
         first.setdefault(int(batch["image_id"][i]), i)
     rows = list(first.values())
-    states = visual_states(module, batch, rows, freeze_vision)
-    ids = prompt.to(states.device).expand(len(rows), -1)
-    memory, memory_mask = module.memory_from_states(states, None, ids, torch.ones_like(ids))
-    out = scst_loss(module.decoder, memory, memory_mask, list(first), reward, tokenizer, k=k, max_length=max_length)
+    with policy_mode(module):  # dropout off: the sampler and the log-prob recomputation are one network
+        states = visual_states(module, batch, rows, freeze_vision)
+        ids = prompt.to(states.device).expand(len(rows), -1)
+        memory, memory_mask = module.memory_from_states(states, None, ids, torch.ones_like(ids))
+        out = scst_loss(module.decoder, memory, memory_mask, list(first), reward, tokenizer, k=k,
+                        max_length=max_length)
     return {"loss": out["loss"] * weight, "loss_reward": out["loss_reward"]}
 
 
@@ -312,8 +315,10 @@ class CaptionStage:
                          make_loader=self.make_loader, losses=self.losses)
 
 
-def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> float:
-    """Fast held-out CIDEr-D of a stage's model on caption.val_shards (every rank captions its share)."""
+def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> dict[str, float]:
+    """Held-out scores of a stage's model on caption.val_shards (every rank takes its share):
+    {"cider_d": beam-search CIDEr-D, "sample_cider_d": mean CIDEr-D of caption.scst_samples sampled captions
+    per image, the SCST objective on held-out images (eval/sampled_cider.py)}."""
     from mplug_pretrain.eval.caption_task import (
         GenerationSettings,
         eval_loader,
@@ -321,13 +326,18 @@ def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> float:
         gather_to_all,
         generate_captions,
     )
+    from mplug_pretrain.eval.sampled_cider import sampled_cider_d
     from mplug_pretrain.models.mplug import MPLUG
+    c = cfg.caption
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = MPLUG.from_pretrained(model_dir).float().to(device).eval()
-    loader = eval_loader(cfg.caption.val_shards, model.config.vision.image_size, cfg)
-    predictions, references = gather_to_all(*generate_captions(model, loader, tokenizer,
-                                                               GenerationSettings.from_config(cfg), device))
-    return fast_cider_d(predictions, references)
+    size = model.config.vision.image_size
+    predictions, references = gather_to_all(*generate_captions(model, eval_loader(c.val_shards, size, cfg),
+                                                               tokenizer, GenerationSettings.from_config(cfg),
+                                                               device))
+    sampled = sampled_cider_d(model, eval_loader(c.val_shards, size, cfg), tokenizer, c.prompt, device,
+                              k=c.scst_samples, max_length=c.max_length, seed=cfg.run.seed)
+    return {"cider_d": fast_cider_d(predictions, references), "sample_cider_d": sampled}
 
 
 def _cache_for(stage_cfg: Config, image_size: int) -> str:
@@ -381,9 +391,10 @@ def run(cfg: Config, resume: str | None = None) -> dict:
         if _rank() == 0:
             GenerationSettings.from_config(cfg).save(model_dir)
         if c.val_shards and c.stage_cider:
-            record["cider_d"] = _stage_cider(cfg, model_dir, tokenizer)
+            record.update(_stage_cider(cfg, model_dir, tokenizer))
             if _rank() == 0:
-                print(f"[caption] stage {index + 1}_{stage.name}: held-out CIDEr-D {record['cider_d']:.4f}", flush=True)
+                print(f"[caption] stage {index + 1}_{stage.name}: held-out CIDEr-D {record['cider_d']:.4f} (beam), "
+                      f"{record['sample_cider_d']:.4f} (mean of sampled captions)", flush=True)
         if _rank() == 0:
             with open(done_path, "w") as f:
                 json.dump(record, f, indent=2)
@@ -399,7 +410,7 @@ def _final_metrics(cfg: Config, model_dir: str, tokenizer, stages: list[dict]) -
     written to <run dir>/metrics.json."""
     from mplug_pretrain.eval.caption_task import evaluate_model
     from mplug_pretrain.models.mplug import MPLUG
-    per_stage = {f"cider_d_{s['stage']}": s["cider_d"] for s in stages if "cider_d" in s}
+    per_stage = {f"{key}_{s['stage']}": s[key] for s in stages for key in ("cider_d", "sample_cider_d") if key in s}
     out = os.path.join(cfg.run_dir, "metrics.json")
     if cfg.caption.val_shards and cfg.caption.final_eval == "coco":
         model = MPLUG.from_pretrained(model_dir).float()

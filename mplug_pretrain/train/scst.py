@@ -14,11 +14,17 @@ with log p the summed token log-probabilities (EOS included) recomputed with gra
 SacreEOS "standard" (signature STANDARD_wInit+Cider-D[n4,s6.0]+average[nspi5]): EOS is appended to every
 reference and to every sample that emitted it (a sample cut at ``max_length`` has none).
 Rewards compare words: references and decoded samples both go through ``clean_caption``.
+
+The policy is the network with dropout OFF (``policy_mode``): the samples are drawn in one forward pass and
+their log-probabilities recomputed in another, and with dropout on the two would see different masks, so the
+gradient would push up log p of captions that a different network sampled. On the demo's synthetic captions
+the dropout-free policy raised held-out CIDEr-D faster (bench/README.md, "SCST and dropout").
 """
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -70,6 +76,18 @@ class CiderDReward:
                                  truncated=[not f for f in finished])
 
 
+@contextmanager
+def policy_mode(module: nn.Module) -> Iterator[nn.Module]:
+    """Every submodule in eval mode (dropout off) inside the block, each one's own mode restored after."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield module
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def decode_samples(tokenizer, sequences: torch.Tensor) -> tuple[list[str], list[bool]]:
     """Sampled token rows [M, L] (first EOS included, PAD after) -> (texts, finished = emitted EOS)."""
     finished = (sequences == EOS_ID).any(1).tolist()
@@ -92,14 +110,17 @@ def self_critical_loss(log_probs: torch.Tensor, rewards: torch.Tensor, k: int) -
 
 def scst_loss(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, image_ids: Sequence[int],
               reward: RewardFn, tokenizer, k: int = 5, max_length: int = 20) -> dict[str, torch.Tensor]:
-    """One SCST step for N images: memory [N, M, D] (with gradient) -> {"loss", "loss_reward" (mean r)}."""
+    """One SCST step for N images: memory [N, M, D] (with gradient) -> {"loss", "loss_reward" (mean r),
+    "log_probs" [N * k] (recomputed, with gradient), "sampled_log_probs" [N * k] (the sampler's)}.
+    Call it inside ``policy_mode`` when the decoder has dropout (see the module docstring)."""
     if memory.shape[0] != len(image_ids):
         raise ValueError(f"memory has {memory.shape[0]} rows but {len(image_ids)} image ids were given")
-    sequences, _ = sample(decoder, memory.detach(), memory_mask, num_samples=k, max_length=max_length)
+    sequences, sampled_log_probs = sample(decoder, memory.detach(), memory_mask, num_samples=k, max_length=max_length)
     texts, finished = decode_samples(tokenizer, sequences)
     sample_ids = [i for i in image_ids for _ in range(k)]
     rewards = torch.as_tensor(reward(sample_ids, texts, finished), dtype=torch.float32, device=memory.device)
     log_probs = sequence_log_probs(decoder, memory.repeat_interleave(k, 0), memory_mask.repeat_interleave(k, 0),
                                    sequences)
     loss, _ = self_critical_loss(log_probs, rewards, k)
-    return {"loss": loss, "loss_reward": rewards.mean()}
+    return {"loss": loss, "loss_reward": rewards.mean(), "log_probs": log_probs,
+            "sampled_log_probs": sampled_log_probs}

@@ -13,7 +13,7 @@ from mplug_pretrain.eval.cider_d import CiderD
 from mplug_pretrain.models.decoder_api import EOS_ID, DecoderOutput
 from mplug_pretrain.models.generation import sample
 from mplug_pretrain.train.caption_task import scst_batch_loss
-from mplug_pretrain.train.scst import CiderDReward, clean_caption, scst_loss, self_critical_loss
+from mplug_pretrain.train.scst import CiderDReward, clean_caption, policy_mode, scst_loss, self_critical_loss
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -153,6 +153,50 @@ def test_scst_batch_is_image_wise_and_ignores_padding(tokenizer):
     out = scst_batch_loss(model, batch, True, prompt, reward, tokenizer, k=3, max_length=3)
     assert seen == [[4, 4, 4, 9, 9, 9, 2, 2, 2]]
     assert out["loss"].item() == 0.0  # zero rewards -> zero advantage
+
+
+def _dropout_model():
+    from mplug_pretrain.models.presets import build_model
+    torch.manual_seed(0)
+    model = build_model("tiny", **{"heads.use_momentum": False, "decoder.dropout": 0.5, "text.dropout": 0.5})
+    model.image_encoder.eval()  # a part the caller set to eval must stay so
+    return model
+
+
+def test_scst_recomputes_the_log_probs_of_the_network_that_sampled(tokenizer):
+    """With dropout on, the teacher-forced recomputation would see other masks than the sampler; inside
+    policy_mode both are the same dropout-free network and their log-probabilities agree."""
+    model = _dropout_model()
+    memory, mask = torch.randn(3, 5, model.config.text.width), torch.ones(3, 5, dtype=torch.long)
+
+    def reward(image_ids, texts, finished):
+        return np.arange(len(image_ids), dtype=np.float64)
+
+    torch.manual_seed(1)
+    with policy_mode(model):
+        inside = scst_loss(model.decoder, memory, mask, [1, 2, 3], reward, tokenizer, k=2, max_length=6)
+    torch.testing.assert_close(inside["log_probs"].detach(), inside["sampled_log_probs"], atol=1e-4, rtol=1e-5)
+    torch.manual_seed(1)
+    outside = scst_loss(model.decoder, memory, mask, [1, 2, 3], reward, tokenizer, k=2, max_length=6)
+    assert (outside["log_probs"].detach() - outside["sampled_log_probs"]).abs().max() > 1e-2
+    assert model.training and model.decoder.training and not model.image_encoder.training
+
+
+def test_scst_batch_loss_is_the_dropout_free_networks_loss(tokenizer):
+    model = _dropout_model()
+
+    def reward(image_ids, texts, finished):
+        return np.array([len(t.split()) for t in texts], dtype=np.float64)
+
+    batch = {"image": torch.randn(2, 3, 64, 64), "image_id": torch.tensor([4, 9]), "is_pad": torch.tensor([False, False])}
+    prompt = torch.tensor([[101, 1037, 3861, 1997, 102]])
+    torch.manual_seed(2)
+    in_training_mode = scst_batch_loss(model, batch, True, prompt, reward, tokenizer, k=3, max_length=5)
+    assert model.training and not model.image_encoder.training
+    model.eval()
+    torch.manual_seed(2)
+    in_eval_mode = scst_batch_loss(model, batch, True, prompt, reward, tokenizer, k=3, max_length=5)
+    assert in_training_mode["loss"].item() == in_eval_mode["loss"].item() != 0.0
 
 
 def test_clean_caption():

@@ -1,0 +1,62 @@
+"""Held-out expected CIDEr-D of sampled captions: the quantity SCST maximises, measured on images it never saw.
+
+For each held-out image, k captions are sampled exactly as an SCST step samples them (``models.generation.
+sample``: the full softmax, at most ``max_length`` tokens, EOS included) and each is scored by CIDEr-D
+against that image's references (n = 4, sigma = 6, SacreEOS "standard", document frequencies from the
+held-out references, one document per image: ``train.scst.CiderDReward``). The result is the mean over all
+N * k samples. Beam-search CIDEr-D (``caption_task.fast_cider_d``) scores the mode of the caption
+distribution; this scores the distribution, so it shows whether what SCST learned carries over to new images
+even where the mode has not moved yet.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mplug_pretrain.data.tokenizer import tokenize
+from mplug_pretrain.models.generation import sample
+from mplug_pretrain.train.scst import CiderDReward, decode_samples
+
+
+def _gather_lists(rows: list, references: dict) -> tuple[list, dict]:
+    """Every rank's sample rows and references, merged (no-op in a single process)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return rows, references
+    parts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, (rows, references))
+    merged_rows, merged_refs = [], {}
+    for r, refs in parts:
+        merged_rows.extend(r)
+        merged_refs.update(refs)
+    return merged_rows, merged_refs
+
+
+@torch.no_grad()
+def sampled_cider_d(model: nn.Module, loader, tokenizer, prompt: str, device: torch.device, k: int = 5,
+                    max_length: int = 20, seed: int = 0) -> float:
+    """Mean CIDEr-D of k sampled captions per real image of ``loader`` (an ``eval_loader``: image, image_id,
+    captions, is_pad). ``model`` should be in eval mode; draws come from a generator seeded by (seed, rank)."""
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    generator = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
+    prompt_ids, prompt_mask = (t.to(device) for t in tokenize(tokenizer, [prompt], 512))
+    rows, references = [], {}
+    for batch in loader:
+        keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
+        if not keep:
+            continue
+        n = len(keep)
+        memory, memory_mask = model.memory(batch["image"][keep].to(device), prompt_ids.expand(n, -1),
+                                           prompt_mask.expand(n, -1))
+        sequences, _ = sample(model.decoder, memory, memory_mask, num_samples=k, max_length=max_length,
+                              generator=generator)
+        texts, finished = decode_samples(tokenizer, sequences)
+        image_ids = [int(batch["image_id"][i]) for i in keep]
+        for i, image_id in zip(keep, image_ids):
+            references[image_id] = list(batch["captions"][i])
+        rows.extend(zip([i for i in image_ids for _ in range(k)], texts, finished))
+    rows, references = _gather_lists(rows, references)
+    if not rows:
+        raise ValueError("sampled_cider_d: the loader gave no real image")
+    ids, texts, finished = zip(*rows)
+    return float(CiderDReward(references)(ids, texts, finished).mean())
