@@ -15,21 +15,9 @@ import torch.distributed as dist
 from torch import nn
 
 from mplug_pretrain.data.tokenizer import tokenize
+from mplug_pretrain.eval.caption_task import gather_to_all
 from mplug_pretrain.models.generation import sample
 from mplug_pretrain.train.scst import CiderDReward, decode_samples
-
-
-def _gather_lists(rows: list, references: dict) -> tuple[list, dict]:
-    """Every rank's sample rows and references, merged (no-op in a single process)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return rows, references
-    parts: list = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, (rows, references))
-    merged_rows, merged_refs = [], {}
-    for r, refs in parts:
-        merged_rows.extend(r)
-        merged_refs.update(refs)
-    return merged_rows, merged_refs
 
 
 @torch.no_grad()
@@ -40,7 +28,7 @@ def sampled_cider_d(model: nn.Module, loader, tokenizer, prompt: str, device: to
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     generator = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
     prompt_ids, prompt_mask = (t.to(device) for t in tokenize(tokenizer, [prompt], 512))
-    rows, references = [], {}
+    samples, references = {}, {}  # (image_id, j) -> (text, finished)
     for batch in loader:
         keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
         if not keep:
@@ -54,9 +42,12 @@ def sampled_cider_d(model: nn.Module, loader, tokenizer, prompt: str, device: to
         image_ids = [int(batch["image_id"][i]) for i in keep]
         for i, image_id in zip(keep, image_ids):
             references[image_id] = list(batch["captions"][i])
-        rows.extend(zip([i for i in image_ids for _ in range(k)], texts, finished))
-    rows, references = _gather_lists(rows, references)
-    if not rows:
+        for row, (text, done) in enumerate(zip(texts, finished)):
+            samples[(image_ids[row // k], row % k)] = (text, done)
+    samples, references = gather_to_all(samples, references)
+    if not samples:
         raise ValueError("sampled_cider_d: the loader gave no real image")
-    ids, texts, finished = zip(*rows)
+    keys = sorted(samples)
+    ids = [image_id for image_id, _ in keys]
+    texts, finished = zip(*(samples[key] for key in keys))
     return float(CiderDReward(references)(ids, texts, finished).mean())
