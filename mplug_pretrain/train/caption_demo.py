@@ -7,7 +7,7 @@ frozen ViT), and report held-out CIDEr-D on the synthetic validation scenes afte
         CIDEr-D of sampled captions (what SCST maximises) after each, "caption_model_dir": the final model}
 CIDEr-D is on the raw pycocoevalcap scale (x100 gives the papers' numbers), computed by our CIDEr-D (equal
 to pycocoevalcap's Cider on the same words) on lower-cased, punctuation-free words: no Java needed.
-About 4 minutes on 2 CPU cores (fp32, one process).
+About 9 minutes on 2 CPU cores (fp32, one process).
 """
 from __future__ import annotations
 
