@@ -211,3 +211,13 @@ def test_official_decoder_and_refiner_run_incrementally_and_validate_the_field()
         ACFDecoder(DecoderConfig(type="acf", layers=1, heads=2, ffn_dim=8, acf_formula="offical"), 30, 8)
     with pytest.raises(ConfigError, match="refiner.acf_formula"):
         ACFVisualRefiner(VisualRefinerConfig(type="acf", layers=1, acf_formula="x"), 8, 2, heads=2)
+
+
+def test_config_field_is_validated_by_name():
+    from mplug_pretrain.config import config_from_dict
+    cfg = config_from_dict({"model": {"decoder": {"type": "acf", "acf_formula": "official"},
+                                      "refiner": {"type": "acf", "acf_formula": "official"}}}, check_paths=False)
+    assert cfg.model.decoder.acf_formula == cfg.model.refiner.acf_formula == "official"
+    assert config_from_dict({}, check_paths=False).model.decoder.acf_formula == "paper"
+    with pytest.raises(ConfigError, match="model.refiner.acf_formula"):
+        config_from_dict({"model": {"refiner": {"acf_formula": "offical"}}}, check_paths=False)
