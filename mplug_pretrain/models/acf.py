@@ -42,6 +42,9 @@ reproduced (official mode keeps the paper's token-pair construction with (a)-(e)
     column indices against two row indices, not (token p, token q); the result is not symmetric and row
     p = (I, J) is not the token (row I, col J). The nearest up-sampling also tiles (repeat) the first index
     instead of replicating it. We use C_pq = C^h[row min(x,y)]_ij * C^v[col min(i,j)]_xy as in paper mode.
+Official weights map as: group_attn.fc -> clusters.fc, group_attn.norm.a_2 / b_2 -> clusters.norm.weight / bias
+(2-D: clusters.shared.fc, clusters.norm), self_attn.linears.0/1/2 -> attention.qkv (concatenated, q k v),
+self_attn.linears.3 -> attention.out.
 Not part of the estimator and not changed by the formula switch: the official layers are pre-LN with a
 final LayerNorm and a GELU feed-forward, and the official decoder predicts through an appended [MASK] token.
 """

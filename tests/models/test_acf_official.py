@@ -221,3 +221,21 @@ def test_config_field_is_validated_by_name():
     assert config_from_dict({}, check_paths=False).model.decoder.acf_formula == "paper"
     with pytest.raises(ConfigError, match="model.refiner.acf_formula"):
         config_from_dict({"model": {"refiner": {"acf_formula": "offical"}}}, check_paths=False)
+
+
+def test_official_modules_train_and_stay_finite_under_bf16_autocast():
+    torch.manual_seed(6)
+    cfg = DecoderConfig(type="acf", layers=2, heads=2, ffn_dim=16, dropout=0.1, max_positions=12,
+                        acf_formula="official")
+    decoder = ACFDecoder(cfg, 30, 8)
+    refiner = ACFVisualRefiner(VisualRefinerConfig(type="acf", layers=2, acf_formula="official"), 8, 2, heads=2)
+    memory = refiner(torch.randn(2, 5, 8))
+    logits = decoder(torch.randint(1, 30, (2, 6)), torch.ones(2, 6), memory, torch.ones(2, 5)).logits
+    logits.square().mean().backward()
+    for module in (decoder, refiner):
+        for name, p in module.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = decoder.eval()(torch.randint(1, 30, (2, 6)), torch.ones(2, 6), refiner.eval()(torch.randn(2, 5, 8)),
+                             torch.ones(2, 5)).logits
+    assert torch.isfinite(out).all()
