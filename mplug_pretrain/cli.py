@@ -115,6 +115,7 @@ COMMANDS = [
     _optional("mplug_pretrain.tasks_cli:register_caption"),
     _optional("mplug_pretrain.tasks_cli:register_cache_features"),
     register_export,
+    _optional("mplug_pretrain.models.convert_expansionnet:register_convert"),
     _optional("mplug_pretrain.submit:add_submit_parser"),
     register_bench,
 ]

@@ -103,7 +103,7 @@ class CaptionConfig:
     coco_json: str | None = None  # Karpathy dataset_coco.json: SCST references (train + restval) without a shard scan
     image_root: str | None = None
     prompt: str = "a picture of"  # through text encoder + fusion with the image; the decoder writes the rest
-    clean_captions: bool = True  # lower-case, punctuation removed (mPLUG pre_caption) in training text and rewards
+    clean_captions: bool = True  # ExpansionNet v2 cleaning (data/caption_text.py: "Man's" -> "man s") in training text and rewards
     image_size: int | None = None  # fine-tuning resolution (ViT positions resized); default: init_from's
     augment: bool = False  # RandomResizedCrop + RandAugment in image stages (cached stages read eval-transform features)
     label_smoothing: float = 0.0

@@ -108,8 +108,8 @@ def gather_to_all(predictions: dict, references: dict) -> tuple[dict, dict]:
 
 def fast_cider_d(predictions: dict[int, str], references: dict[int, list[str]]) -> float:
     """Corpus CIDEr-D (raw scale) of the predictions, df from these references, on clean_caption words."""
+    from mplug_pretrain.data.caption_text import clean_caption
     from mplug_pretrain.eval.cider_d import cider_d
-    from mplug_pretrain.train.scst import clean_caption
     ids = sorted(predictions)
     if not ids:
         raise ValueError("predictions: empty")

@@ -11,6 +11,8 @@ logits = W_voc y (tied to the token embedding when cfg.tie_word_embeddings). The
 holds per layer the self-attention keys/values, the prefix sums of the span means and the last
 column of log C; past rows of C and C~ never change, so a step costs O(T_past) per layer, like the
 key/value cache of ordinary attention.
+cfg.acf_formula = "official": the official estimator (models/acf.py); the layer hands its stacked merge
+probabilities M~(m) [B, T, T_new] (not C~(m)) to the next layer, and C(m) is used as is.
 """
 from __future__ import annotations
 
@@ -19,7 +21,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from mplug_pretrain.models.acf import ClusteredSelfAttention, ClusterEstimator1D, ClusterState, stack_clusters
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.models.acf import (
+    FORMULAS,
+    ClusteredSelfAttention,
+    ClusterEstimator1D,
+    ClusterState,
+    stack_clusters,
+)
 from mplug_pretrain.models.decoder_api import DecoderOutput
 from mplug_pretrain.models.expansion_decoder import (
     CrossAttention,
@@ -39,11 +48,16 @@ class ACFLayerState(NamedTuple):
 
 
 class ACFDecoderLayer(nn.Module):
-    """y [B, T_new, d], prior rows C~(m-1) [B, T_new, T] or None -> (y, C~(m) rows, state)."""
+    """y [B, T_new, d], prior or None -> (y, cluster rows [B, T_new, T] used by the attention, state, next prior).
 
-    def __init__(self, width: int, heads: int, ffn_dim: int, dropout: float):
+    paper: prior = rows of C~(m-1), cluster rows = next prior = C~(m). official: prior = the previous layer's
+    merge probabilities M~(m-1) [B, T, T_new] ([i, k] for the new columns k), cluster rows = C(m).
+    """
+
+    def __init__(self, width: int, heads: int, ffn_dim: int, dropout: float, formula: str = "paper"):
         super().__init__()
-        self.clusters = ClusterEstimator1D(width)
+        self.official = formula == "official"
+        self.clusters = ClusterEstimator1D(width, formula)
         self.attention = ClusteredSelfAttention(width, heads, dropout)
         self.norm_attention = nn.LayerNorm(width)
         self.cross = CrossAttention(width, heads, dropout)
@@ -53,14 +67,18 @@ class ACFDecoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, y: Tensor, prior: Tensor | None, allowed: Tensor, memory_kv: tuple[Tensor, Tensor],
-                memory_mask: Tensor, state: ACFLayerState | None) -> tuple[Tensor, Tensor, ACFLayerState]:
-        rows, cluster_state = self.clusters.causal_rows(y, None if state is None else state.clusters)
-        clusters = stack_clusters(rows, prior)
+                memory_mask: Tensor, state: ACFLayerState | None) -> tuple[Tensor, Tensor, ACFLayerState, Tensor]:
+        past = None if state is None else state.clusters
+        if self.official:
+            clusters, cluster_state, next_prior = self.clusters.causal_rows(y, past, prior)
+        else:
+            rows, cluster_state, _ = self.clusters.causal_rows(y, past)
+            clusters = next_prior = stack_clusters(rows, prior)
         h, (k, v) = self.attention(y, clusters, allowed, None if state is None else (state.keys, state.values))
         y = self.norm_attention(y + self.dropout(h))
         y = self.norm_cross(y + self.dropout(self.cross(y, *memory_kv, memory_mask)))
         y = self.norm_ffn(y + self.dropout(self.ffn(y)))
-        return y, clusters, ACFLayerState(k, v, cluster_state)
+        return y, clusters, ACFLayerState(k, v, cluster_state), next_prior
 
 
 class ACFDecoderCache(NamedTuple):
@@ -95,10 +113,13 @@ class ACFDecoder(nn.Module):
     def __init__(self, cfg: DecoderConfig, vocab_size: int, width: int):
         super().__init__()
         check_decoder_config(cfg, width)
+        formula = getattr(cfg, "acf_formula", "paper")
+        if formula not in FORMULAS:
+            raise ConfigError(f"decoder.acf_formula: expected paper | official, got {formula!r}")
         self.width = width
         self.embedding = TextEmbedding(vocab_size, width, cfg.max_positions, cfg.dropout)
         self.layers = nn.ModuleList(
-            ACFDecoderLayer(width, cfg.heads, cfg.ffn_dim, cfg.dropout) for _ in range(cfg.layers))
+            ACFDecoderLayer(width, cfg.heads, cfg.ffn_dim, cfg.dropout, formula) for _ in range(cfg.layers))
         self.lm_head = nn.Linear(width, vocab_size)
         for p in self.parameters():
             if p.dim() > 1:
@@ -118,9 +139,9 @@ class ACFDecoder(nn.Module):
             memory_kv, mem_mask = past.memory_kv, past.memory_mask
         allowed = causal_key_mask(attention_mask.bool(), input_ids.shape[1])
         y = self.embedding(input_ids, past_len)
-        clusters, states = None, []
+        prior, states = None, []
         for i, layer in enumerate(self.layers):
-            y, clusters, state = layer(y, clusters, allowed, memory_kv[i], mem_mask,
+            y, _, state, prior = layer(y, prior, allowed, memory_kv[i], mem_mask,
                                        None if past is None else past.layers[i])
             states.append(state)
         new_past = ACFDecoderCache(tuple(states), memory_kv, mem_mask) if use_cache else None

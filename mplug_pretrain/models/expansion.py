@@ -15,7 +15,9 @@ dynamic: L * N_E), adds biases B_E, maps back to L outputs with the transposed s
 
 Masked entries are zeroed after ReLU and before Psi, so each row renormalises over its admissible
 entries; an all-masked row gives 0 (eps turns 0/0 into 0, which is why Psi runs in fp32: in bf16 the
-eps underflows). Dropout is applied to M, to the forward products and to the backward products.
+eps underflows). Dropout is applied to M, to the forward products and to the backward products, in the
+official code's places: static expansion drops F_i = R_fw V + B_E as a whole (biases included); dynamic
+expansion drops R_fw V and adds B_E afterwards (the official block adds its biases inside the backward product).
 """
 from __future__ import annotations
 
@@ -93,7 +95,8 @@ class StaticExpansion(nn.Module):
             if key_valid is not None:
                 r = r.masked_fill(~key_valid[:, None, :], 0.0)
             v = value(x)
-            expanded.append(self.forward_dropout(normalize_rows(r, self.eps).to(v.dtype) @ v) + self.bias_vectors)
+            # official order: dropout after adding the biases (ExpansionNet v2 StaticExpansionBlock)
+            expanded.append(self.forward_dropout(normalize_rows(r, self.eps).to(v.dtype) @ v + self.bias_vectors))
         return expanded
 
     def expand(self, x: Tensor, key_valid: Tensor | None = None) -> list[Tensor]:

@@ -74,6 +74,7 @@ class DecoderConfig:
     expansion_slots: int = 16  # N_E for dynamic expansion
     bert_checkpoint: str | None = None  # full BertModel folder for the bert decoder
     tie_word_embeddings: bool = True
+    acf_formula: Literal["paper", "official"] = "paper"  # acf: paper equations or the official code (models/acf.py)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class VisualRefinerConfig:
     layers: int = 2
     expansion_slots: int = 64  # N_E for static expansion
     expansion_group: tuple = ()  # block static expansion coefficient set G; empty = plain static
+    acf_formula: Literal["paper", "official"] = "paper"  # acf: paper equations or the official code (models/acf.py)
 
 
 @dataclass

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mplug_pretrain.config import Config, StageConfig
+from mplug_pretrain.data.caption_text import clean_caption
 from mplug_pretrain.data.formats import ImageTextFormat, image_id_of
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError, DataError
@@ -43,7 +44,7 @@ from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.feature_cache import states_from_vit_tokens
 from mplug_pretrain.train.loop import TrainTask, run_training, seed_everything
-from mplug_pretrain.train.scst import CiderDReward, clean_caption, policy_mode, scst_loss
+from mplug_pretrain.train.scst import CiderDReward, policy_mode, scst_loss
 
 STAGE_DONE = "stage_done.json"
 

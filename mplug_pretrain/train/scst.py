@@ -13,7 +13,8 @@ with log p the summed token log-probabilities (EOS included) recomputed with gra
 (``models.generation.sequence_log_probs``); the reward and the baseline carry no gradient.
 SacreEOS "standard" (signature STANDARD_wInit+Cider-D[n4,s6.0]+average[nspi5]): EOS is appended to every
 reference and to every sample that emitted it (a sample cut at ``max_length`` has none).
-Rewards compare words: references and decoded samples both go through ``clean_caption``.
+Rewards compare words: references and decoded samples both go through ``data.caption_text.clean_caption``
+(ExpansionNet v2's preprocessing: "man's" -> "man s").
 
 The policy is the network with dropout OFF (``policy_mode``): the samples are drawn in one forward pass and
 their log-probabilities recomputed in another, and with dropout on the two would see different masks, so the
@@ -22,7 +23,6 @@ the dropout-free policy raised held-out CIDEr-D faster (bench/README.md, "SCST a
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -30,21 +30,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from mplug_pretrain.data.caption_text import clean_caption
 from mplug_pretrain.eval.cider_d import CiderD
 from mplug_pretrain.models.decoder_api import EOS_ID
 from mplug_pretrain.models.generation import sample, sequence_log_probs, token_mask
 
 EOS_WORD = "<eos>"  # never produced by clean_caption, so it cannot collide with a word
 RewardFn = Callable[[Sequence[int], Sequence[str], Sequence[bool]], np.ndarray]
-
-_WORD = re.compile(r"[\w']+")
-
-
-def clean_caption(text: str) -> str:
-    """Lower-cased words with punctuation removed (mPLUG ``pre_caption`` / ExpansionNet's preprocessing):
-    "A Man's red-shirt, outside." -> "a man's red shirt outside"."""
-    words = (w.strip("'_") for w in _WORD.findall(text.lower()))
-    return " ".join(w for w in words if w)
 
 
 class CiderDReward:

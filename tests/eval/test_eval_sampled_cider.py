@@ -5,12 +5,13 @@ import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
+from mplug_pretrain.data.caption_text import clean_caption
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
 from mplug_pretrain.eval.cider_d import CiderD
 from mplug_pretrain.eval.sampled_cider import sampled_cider_d
 from mplug_pretrain.models.generation import sample
 from mplug_pretrain.models.presets import build_model
-from mplug_pretrain.train.scst import clean_caption, decode_samples
+from mplug_pretrain.train.scst import decode_samples
 
 K, MAX_LENGTH, SEED = 3, 6, 4
 

@@ -211,3 +211,24 @@ def test_bad_groups_and_states_raise():
     _, state = bidir(torch.randn(1, 2, 8), torch.ones(1, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="causal"):
         bidir(torch.randn(1, 1, 8), torch.ones(1, 3, dtype=torch.bool), state)
+
+
+def test_static_forward_dropout_comes_after_the_biases():
+    """Official order: F_i = Dropout(R_fw V_i + B_E). Every entry of F in train mode is therefore 0 or
+    (R_fw V + B_E) / (1 - p); with the bias added after dropout a dropped entry would equal B_E instead."""
+    torch.manual_seed(3)
+    p = 0.5
+    module = StaticExpansion(6, (4,), dropout=p)
+    module.score_dropout.p = 0.0  # keep M deterministic; only the forward-product dropout is under test
+    x = torch.randn(2, 5, 6)
+    d = x.shape[-1]
+    m = module.query_vectors @ module.key(x).transpose(-1, -2) / math.sqrt(d)  # [B, N_E, L]
+    module.train()
+    expanded = module.expand(x)
+    for sign, value, got in zip((-1.0, 1.0), module.values, expanded):
+        r = torch.relu(sign * m)
+        full = r / (r.sum(-1, keepdim=True) + EPS) @ value(x) + module.bias_vectors
+        kept = (got - full / (1 - p)).abs() <= 1e-5
+        dropped = got.abs() <= 1e-12
+        assert bool((kept | dropped).all())
+        assert kept.any() and dropped.any()

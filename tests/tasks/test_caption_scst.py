@@ -13,7 +13,7 @@ from mplug_pretrain.eval.cider_d import CiderD
 from mplug_pretrain.models.decoder_api import EOS_ID, DecoderOutput
 from mplug_pretrain.models.generation import sample
 from mplug_pretrain.train.caption_task import scst_batch_loss
-from mplug_pretrain.train.scst import CiderDReward, clean_caption, policy_mode, scst_loss, self_critical_loss
+from mplug_pretrain.train.scst import CiderDReward, policy_mode, scst_loss, self_critical_loss
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -197,9 +197,3 @@ def test_scst_batch_loss_is_the_dropout_free_networks_loss(tokenizer):
     torch.manual_seed(2)
     in_eval_mode = scst_batch_loss(model, batch, True, prompt, reward, tokenizer, k=3, max_length=5)
     assert in_training_mode["loss"].item() == in_eval_mode["loss"].item() != 0.0
-
-
-def test_clean_caption():
-    assert clean_caption("A Man's red-shirt, outside.") == "a man's red shirt outside"
-    assert clean_caption("  Two   dogs!! ") == "two dogs"
-    assert clean_caption("...") == ""
