@@ -38,11 +38,11 @@ def _stage_function(module_name: str, function_name: str):
 
 def _print_shard_summary(shards: dict) -> None:
     from mplug_pretrain.data.manifest import shard_sample_counts
-    from mplug_pretrain.shard_urls import expand_urls
+    from mplug_pretrain.data.urls import all_shards, expand_sources
     print("[demo] embedded data (data_shards/):", flush=True)
     for name, pattern in shards.items():
         if pattern.endswith(".tar") or "{" in pattern:
-            urls = expand_urls(pattern)
+            urls = all_shards(expand_sources(pattern))
             print(f"  {name:15s} {len(urls)} shard(s), {sum(shard_sample_counts(urls))} samples  {pattern}", flush=True)
 
 
