@@ -17,7 +17,7 @@ from mplug_pretrain.config import REPO_ROOT, load_config
 
 DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "demo.yaml")
 
-# (metric-producing stage, module, function); a stage runs once its module has landed
+# (metric-producing stage, module, function), run in this order
 STAGES = [
     ("zero-shot image-text retrieval", "mplug_pretrain.eval.zero_shot_demo", "retrieval_demo"),
     ("caption fine-tuning (XE then SCST)", "mplug_pretrain.train.caption_demo", "caption_demo"),
@@ -27,13 +27,7 @@ STAGES = [
 
 
 def _stage_function(module_name: str, function_name: str):
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name and err.name.startswith("mplug_pretrain"):
-            return None
-        raise
-    return getattr(module, function_name, None)
+    return getattr(importlib.import_module(module_name), function_name)
 
 
 def _print_shard_summary(shards: dict) -> None:
@@ -66,9 +60,6 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     metrics: dict = {}
     for title, module_name, function_name in STAGES:
         fn = _stage_function(module_name, function_name)
-        if fn is None:
-            print(f"[demo] {title}: not available in this version, skipped", flush=True)
-            continue
         print(f"[demo] {title} ...", flush=True)
         t = time.time()
         kwargs = {"run_root": out_root} if "run_root" in fn.__code__.co_varnames else {}
