@@ -4,6 +4,7 @@
     lr = peak * n / W                                                    n <= W
     lr = min_lr + (peak - min_lr) / 2 * (1 + cos(pi * (n - 1 - W) / (T - W)))   W < n, clamped at n - 1 = T
 """
+import itertools
 import math
 
 import pytest
@@ -36,8 +37,8 @@ def test_landmarks_of_the_schedule():
     assert lr_at(warmup + 50, peak, warmup, total, min_lr) == pytest.approx((peak + min_lr) / 2)  # cosine midpoint
     assert lr_at(total, peak, warmup, total, min_lr) == pytest.approx(min_lr)
     lrs = [lr_at(s, peak, warmup, total, min_lr) for s in range(total + 1)]
-    assert all(a <= b for a, b in zip(lrs[:warmup], lrs[1:warmup]))
-    assert all(a >= b for a, b in zip(lrs[warmup:], lrs[warmup + 1:]))
+    assert all(a <= b for a, b in itertools.pairwise(lrs[:warmup]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[warmup:]))
 
 
 def test_apply_lr_sets_every_group_from_its_own_peak():
