@@ -52,6 +52,8 @@ def _rows_or_zero(batch: dict) -> tuple[list[int], float]:
 
 def xe_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt_length: int,
                   label_smoothing: float) -> dict:
+    """Cross-entropy of a loader batch (image [B, 3, H, W] or features [B, 1+M, D_vit]; input_ids,
+    attention_mask [B, T] = "[CLS] prompt caption [SEP]"; is_pad [B]) -> {"loss": scalar}."""
     rows, weight = _rows_or_zero(batch)
     states = visual_states(module, batch, rows, freeze_vision)
     loss = caption_xe_loss(module, states, batch["input_ids"][rows], batch["attention_mask"][rows], prompt_length,
@@ -61,6 +63,8 @@ def xe_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt_le
 
 def scst_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt: torch.Tensor,
                     reward: CiderDReward, tokenizer, k: int, max_length: int) -> dict:
+    """SCST on the distinct images of a loader batch (as ``xe_batch_loss`` plus image_id [B]; ``prompt``
+    [1, P] = "[CLS] prompt [SEP]") -> {"loss": scalar, "loss_reward": mean CIDEr-D of the k samples}."""
     rows, weight = _rows_or_zero(batch)
     first: dict[int, int] = {}
     for i in rows:  # SCST is image-wise: one row per distinct image of the batch
