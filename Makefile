@@ -5,7 +5,7 @@ export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test test-fast lint bench clean
 
 venv:
 	@bash tools/bootstrap_venv.sh
@@ -15,6 +15,10 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest -q -x --durations=15 tests
+
+# everything except the tests marked slow (demo, multi-rank DeepSpeed, Slurm, kill -9, CLI fine-tuning runs)
+test-fast: venv
+	$(BIN)/python -m pytest -q -x --durations=15 -m "not slow" tests
 
 lint: venv
 	$(BIN)/ruff check mplug_pretrain tests

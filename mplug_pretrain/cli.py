@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from mplug_pretrain.cli_parsing import IntermixedParser
+from mplug_pretrain.command_registry import COMMANDS, MissingDependencyError, missing_dependency, resolve
 from mplug_pretrain.errors import ConfigError, DataError
 
 
@@ -82,7 +83,7 @@ def register_export(sub) -> None:
 
 
 def register_bench(sub) -> None:
-    from mplug_pretrain.bench.registry import BENCHES
+    from mplug_pretrain.command_registry import BENCHES
     p = sub.add_parser("bench", help="benchmarks that write JSON")
     p.add_argument("name", choices=sorted(BENCHES) + ["all"])
     p.add_argument("--out", required=True, help="output JSON file (or folder for `all`)")
@@ -90,42 +91,13 @@ def register_bench(sub) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def _optional(register_name: str):
-    """Registers a command whose module exists (commands land as their issues do)."""
-    module_name, func_name = register_name.rsplit(":", 1)
-
-    def register(sub) -> None:
-        import importlib
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name and err.name.startswith("mplug_pretrain"):
-                return
-            raise
-        getattr(module, func_name)(sub)
-    return register
-
-
-COMMANDS = [
-    _optional("mplug_pretrain.demo:register_demo"),
-    _optional("mplug_pretrain.data.make_shards_cli:add_make_shards_parser"),
-    register_pretrain,
-    _optional("mplug_pretrain.tasks_cli:register_finetune"),
-    _optional("mplug_pretrain.tasks_cli:register_eval"),
-    _optional("mplug_pretrain.tasks_cli:register_caption"),
-    _optional("mplug_pretrain.tasks_cli:register_cache_features"),
-    register_export,
-    _optional("mplug_pretrain.models.convert_expansionnet:register_convert"),
-    _optional("mplug_pretrain.submit:add_submit_parser"),
-    register_bench,
-]
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mplug", description="mPLUG-style vision-language pretraining")
     sub = parser.add_subparsers(dest="command", required=True, metavar="<command>", parser_class=IntermixedParser)
-    for register in COMMANDS:
-        register(sub)
+    for target in COMMANDS.values():
+        module_name, _, function_name = target.partition(":")
+        own = module_name in (__name__, getattr(__spec__, "name", None))  # also under `python -m`
+        (globals()[function_name] if own else resolve(target))(sub)
     return parser
 
 
@@ -140,6 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as err:
         print(f"mplug: data error: {err}", file=sys.stderr)
         return 3
+    except MissingDependencyError as err:
+        print(f"mplug: missing dependency: {err}", file=sys.stderr)
+        return 4
+    except ModuleNotFoundError as err:  # a lazy import of a package the command needs
+        if (err.name or "").startswith("mplug_pretrain"):
+            raise
+        print(f"mplug: missing dependency: {missing_dependency(err, f'mplug {args.command}')}", file=sys.stderr)
+        return 4
 
 
 if __name__ == "__main__":

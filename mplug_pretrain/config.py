@@ -341,8 +341,10 @@ def _validate_caption(c: CaptionConfig) -> None:
 
 def check_path(spec: str, name: str) -> None:
     """Every file a brace pattern / '::' list names must exist."""
-    from mplug_pretrain.shard_urls import expand_urls
-    for url in expand_urls(spec):
+    from mplug_pretrain.data.urls import all_shards, expand_sources
+    if not spec.strip():
+        return
+    for url in all_shards(expand_sources(spec)):
         if "://" in url or url.startswith("pipe:"):
             continue
         if not os.path.exists(url) and not glob.glob(url):

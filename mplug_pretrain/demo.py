@@ -17,7 +17,7 @@ from mplug_pretrain.config import REPO_ROOT, load_config
 
 DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "demo.yaml")
 
-# (metric-producing stage, module, function); a stage runs once its module has landed
+# (metric-producing stage, module, function), run in this order
 STAGES = [
     ("zero-shot image-text retrieval", "mplug_pretrain.eval.zero_shot_demo", "retrieval_demo"),
     ("caption fine-tuning (XE then SCST)", "mplug_pretrain.train.caption_demo", "caption_demo"),
@@ -27,22 +27,16 @@ STAGES = [
 
 
 def _stage_function(module_name: str, function_name: str):
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name and err.name.startswith("mplug_pretrain"):
-            return None
-        raise
-    return getattr(module, function_name, None)
+    return getattr(importlib.import_module(module_name), function_name)
 
 
 def _print_shard_summary(shards: dict) -> None:
     from mplug_pretrain.data.manifest import shard_sample_counts
-    from mplug_pretrain.shard_urls import expand_urls
+    from mplug_pretrain.data.urls import all_shards, expand_sources
     print("[demo] embedded data (data_shards/):", flush=True)
     for name, pattern in shards.items():
         if pattern.endswith(".tar") or "{" in pattern:
-            urls = expand_urls(pattern)
+            urls = all_shards(expand_sources(pattern))
             print(f"  {name:15s} {len(urls)} shard(s), {sum(shard_sample_counts(urls))} samples  {pattern}", flush=True)
 
 
@@ -66,9 +60,6 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     metrics: dict = {}
     for title, module_name, function_name in STAGES:
         fn = _stage_function(module_name, function_name)
-        if fn is None:
-            print(f"[demo] {title}: not available in this version, skipped", flush=True)
-            continue
         print(f"[demo] {title} ...", flush=True)
         t = time.time()
         kwargs = {"run_root": out_root} if "run_root" in fn.__code__.co_varnames else {}

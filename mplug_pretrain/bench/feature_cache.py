@@ -33,15 +33,16 @@ STANDARD_RECIPE = {"xe_end_to_end": 30 * 5, "scst_end_to_end": 30}
 
 def _model(quick: bool):
     from mplug_pretrain.models.presets import get_preset_config
-    from mplug_pretrain.train.caption_task import _captioner
+    from mplug_pretrain.train.caption_model import captioner
     torch.manual_seed(0)
-    return _captioner(get_preset_config("tiny" if quick else "base"))
+    return captioner(get_preset_config("tiny" if quick else "base"))
 
 
 def _cache(model, batch: int, image_size: int, folder: str):
     """A real feature cache of ``batch`` synthetic images; -> (FeatureCache, its keys)."""
+    from mplug_pretrain.data.cached_features import FeatureCache
     from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards
-    from mplug_pretrain.train.feature_cache import FeatureCache, build_feature_cache
+    from mplug_pretrain.train.feature_cache import build_feature_cache
     shards = os.path.join(folder, "shards")
     entry = write_synthetic_image_shards(shards, num_scenes=batch, captions_per_scene=2, layout="image",
                                         image_size=image_size, name="bench", overwrite=True)
@@ -53,7 +54,8 @@ def _cache(model, batch: int, image_size: int, folder: str):
 
 def run(out: str, quick: bool = False) -> dict:
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.train.caption_task import prompt_ids, scst_batch_loss, xe_batch_loss
+    from mplug_pretrain.train.caption_data import prompt_ids
+    from mplug_pretrain.train.caption_losses import scst_batch_loss, xe_batch_loss
     from mplug_pretrain.train.scst import CiderDReward
     batch, repeats = (2, 1) if quick else (4, 2)
     model = _model(quick).train()

@@ -153,13 +153,23 @@ class MPLUG(nn.Module):
     # ----------------------------------------------------------------- pretraining
     def forward(self, batch: dict, alpha: float | None = None) -> dict[str, torch.Tensor]:
         """batch: image [B,3,H,W], input_ids / attention_mask [B,T] ([CLS] .. [SEP], right padded),
-        optional image_id [B] (same id = positive pair). alpha: distillation weight (default heads.distill_alpha).
-        -> {'loss', 'loss_itc', 'loss_itm', 'loss_mlm', 'loss_prefixlm'}."""
+        optional image_id [B] (same id = positive pair), optional is_pad [B]. alpha: distillation weight (default
+        heads.distill_alpha). -> {'loss', 'loss_itc', 'loss_itm', 'loss_mlm', 'loss_prefixlm'}.
+        Blank rows (is_pad with image_id -1: ``ImageTextFormat.blank()``, a slot with no real sample yet) are
+        dropped; a batch of blank rows only runs with weight 0 and adds nothing to the queues, so every rank still
+        runs one forward/backward (and the queue all-gather) while the gradient is zero."""
         for key in ("image", "input_ids", "attention_mask"):
             if key not in batch:
                 raise KeyError(f"pretraining batch lacks {key!r} (has {sorted(batch)})")
         image, ids, mask = batch["image"], batch["input_ids"], batch["attention_mask"]
         idx = batch.get("image_id")
+        weight = 1.0
+        if idx is not None and "is_pad" in batch:
+            blank = batch["is_pad"].to(idx.device) & (idx < 0)
+            if bool(blank.all()):
+                idx, weight = None, 0.0  # no ids to pair: diagonal positives, then weight 0
+            elif bool(blank.any()):
+                image, ids, mask, idx = image[~blank], ids[~blank], mask[~blank], idx[~blank]
         h = self.config.heads
         alpha = h.distill_alpha if alpha is None else alpha
         weights = {name: float(h.loss_weights.get(name, 1.0)) for name in LOSS_NAMES}
@@ -183,11 +193,12 @@ class MPLUG(nn.Module):
         if weights["prefixlm"]:
             split = split_prefix(ids, mask, h.prefix_min_tokens)
             losses["prefixlm"] = self._decoder_loss(image_states, split)
-        if self.training:
-            self.itc.enqueue(image_feat_m, text_feat_m, idx)
+        if self.training:  # every rank enqueues (a collective); a blank batch adds no row
+            rows = slice(None) if weight else slice(0, 0)
+            self.itc.enqueue(image_feat_m[rows], text_feat_m[rows], None if idx is None else idx[rows])
         zero = image_states.new_zeros(())
-        out = {f"loss_{name}": losses.get(name, zero) for name in LOSS_NAMES}
-        out["loss"] = sum(weights[name] * losses[name] for name in losses)
+        out = {f"loss_{name}": losses.get(name, zero) * weight for name in LOSS_NAMES}
+        out["loss"] = sum(weights[name] * losses[name] for name in losses) * weight
         return out
 
     @torch.no_grad()

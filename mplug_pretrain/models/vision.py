@@ -153,9 +153,15 @@ class ImageEncoder(nn.Module):
         self.refiner = build_visual_refiner(refiner, width=text_width, grid_size=cfg.image_size // cfg.patch_size)
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
-        x = self.vit(image)
-        if self.projection is not None:
-            x = self.projection(x)
-        if self.refiner is not None:
-            x = self.refiner(x)
-        return x
+        return states_from_vit_tokens(self, self.vit(image))
+
+
+def states_from_vit_tokens(image_encoder: ImageEncoder, tokens: torch.Tensor) -> torch.Tensor:
+    """The part of ``ImageEncoder.forward`` after the ViT: tokens [B, 1+M, D_vit] -> states [B, 1+M, D].
+    Used alone on cached or frozen-ViT tokens (train/feature_cache.py)."""
+    x = tokens
+    if image_encoder.projection is not None:
+        x = image_encoder.projection(x)
+    if image_encoder.refiner is not None:
+        x = image_encoder.refiner(x)
+    return x

@@ -5,13 +5,9 @@ One batch from shard to loss:
   shards (pair layout) -> text = "<prompt> <clean caption>", tokenized "[CLS] a picture of c_1..c_n [SEP]";
       image (eval transform, or train augmentation when caption.augment) or, in cached stages, the image's
       cached ViT features (train/feature_cache.py)
-  visual states V: encode_image(image) | ViT under no_grad + projection/refiner (freeze_vision) |
-      projection/refiner(cached features)
-  xe    memory = fuse(V, "[CLS] a picture of [SEP]"); the decoder reads "[CLS] c_1..c_n" and predicts
-        "c_1..c_n [SEP]": token-mean cross-entropy (optional label smoothing), as MPLUG.caption_loss
-  scst  one row per distinct image; k samples from the decoder over that memory; CIDEr-D reward against the
-        image's training references with the leave-one-out baseline; dropout off (train/scst.py)
-Padding rows (is_pad) take no part. Stages run in order, each a ``run_training`` call (DeepSpeed, schedule,
+  losses: train/caption_losses.py (xe, scst); model: train/caption_model.py; text, format and training
+      references: train/caption_data.py
+Stages run in order, each a ``run_training`` call (DeepSpeed, schedule,
 checkpoints, log) in <run dir>/<i>_<name>/, initialised from the previous stage's model/ folder; the first
 from ``init_from`` (random init saved to <run dir>/0_init/model when there is none).
 The captioner drops the momentum encoders and freezes the pretraining heads (ITC, ITM, MLM) it never uses.
@@ -27,211 +23,23 @@ import dataclasses
 import gc
 import json
 import os
-import tarfile
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from mplug_pretrain.config import Config, StageConfig
-from mplug_pretrain.data.caption_text import clean_caption
-from mplug_pretrain.data.formats import ImageTextFormat, image_id_of
-from mplug_pretrain.data.tokenizer import tokenize
-from mplug_pretrain.errors import ConfigError, DataError
-from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
-from mplug_pretrain.models.model_config import ModelConfig
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.train.caption_data import CaptionImageFormat, CaptionText, load_references, prompt_ids
+from mplug_pretrain.train.caption_losses import scst_batch_loss, xe_batch_loss
+from mplug_pretrain.train.caption_model import captioner, load_caption_model, training_image_size
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.feature_cache import states_from_vit_tokens
 from mplug_pretrain.train.loop import TrainTask, run_training, seed_everything
-from mplug_pretrain.train.scst import CiderDReward, policy_mode, scst_loss
+from mplug_pretrain.train.scst import CiderDReward
 
 STAGE_DONE = "stage_done.json"
 
 
-# ----------------------------------------------------------------- model
-def training_image_size(cfg: Config) -> int:
-    """caption.image_size, else the pretrained model's, else model.vision.image_size."""
-    if cfg.caption.image_size is not None:
-        return cfg.caption.image_size
-    if cfg.init_from:
-        with open(os.path.join(cfg.init_from, "config.json")) as f:
-            return int(json.load(f)["vision"]["image_size"])
-    return cfg.model.vision.image_size
-
-
-def _captioner(config: ModelConfig, state: dict | None = None) -> nn.Module:
-    """MPLUG without momentum encoders, pretraining heads frozen; ``state`` loaded where its keys fit."""
-    from mplug_pretrain.models.mplug import MPLUG
-    config = copy.deepcopy(config)
-    config.heads.use_momentum = False
-    model = MPLUG(config)
-    if state is not None:
-        own = model.state_dict()
-        missing = [k for k in own if k not in state]
-        fresh = ("decoder.", "image_encoder.refiner.")
-        if any(not k.startswith(fresh) for k in missing):
-            raise ConfigError(f"init_from: the pretrained weights lack {missing[0]}")
-        model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
-    for head in (model.itc, model.itm_head, model.mlm_head):
-        head.requires_grad_(False)
-    return model
-
-
-def load_caption_model(directory: str, model_cfg: ModelConfig, image_size: int | None = None) -> nn.Module:
-    """A captioner from a ``save_pretrained`` folder. The folder's architecture is kept, except that a
-    different ``model_cfg.decoder.type`` / ``refiner.type`` swaps in a freshly initialised head of that
-    type (the interchangeable decoders: bert | expansion | acf)."""
-    from mplug_pretrain.models.mplug import MPLUG
-    pretrained = MPLUG.from_pretrained(directory, image_size=image_size)
-    config = copy.deepcopy(pretrained.config)
-    state = pretrained.state_dict()
-    if model_cfg.decoder.type != config.decoder.type:
-        config.decoder = copy.deepcopy(model_cfg.decoder)
-        state = {k: v for k, v in state.items() if not k.startswith("decoder.")}
-    if model_cfg.refiner.type != config.refiner.type:
-        config.refiner = copy.deepcopy(model_cfg.refiner)
-        state = {k: v for k, v in state.items() if not k.startswith("image_encoder.refiner.")}
-    del pretrained
-    return _captioner(config, state)
-
-
-# ----------------------------------------------------------------- data
-class CaptionText:
-    """Raw caption -> training text "<prompt> <caption>" (caption cleaned when ``clean``)."""
-
-    def __init__(self, prompt: str, clean: bool = True):
-        self.prompt, self.clean = prompt.strip(), clean
-
-    def __call__(self, caption: str) -> str:
-        caption = clean_caption(caption) if self.clean else caption.strip()
-        return f"{self.prompt} {caption}".strip()
-
-
-def prompt_ids(tokenizer, prompt: str) -> torch.Tensor:
-    """"[CLS] prompt [SEP]" ids [1, P]."""
-    return tokenize(tokenizer, [prompt], 512)[0]
-
-
-class CaptionImageFormat(ImageTextFormat):
-    """``ImageTextFormat`` with the training text built by ``text_fn`` (prompt + cleaned caption)."""
-
-    def __init__(self, transform, tokenizer, max_text_len: int, image_size: int, text_fn: Callable[[str], str]):
-        super().__init__(transform, tokenizer, max_text_len, image_size)
-        self.text_fn = text_fn
-
-    def decode(self, sample: dict, seed: int) -> dict:
-        out = super().decode(sample, seed)
-        out["text"] = self.text_fn(out["text"])
-        return out
-
-    def blank(self) -> dict:
-        return {**super().blank(), "text": self.text_fn("")}
-
-
-def _tar_samples(url: str):
-    """(key, {ext: bytes}) of a tar's txt/json members, grouped like webdataset (key = name up to the first dot)."""
-    current, fields = None, {}
-    with tarfile.open(url, "r|*") as tar:
-        for member in tar:
-            if not member.isfile():
-                continue
-            folder, base = os.path.split(member.name)
-            key, _, ext = base.partition(".")
-            key = os.path.join(folder, key) if folder else key
-            if key != current:
-                if current is not None:
-                    yield current, fields
-                current, fields = key, {}
-            if ext in ("txt", "json"):
-                fields[ext] = tar.extractfile(member).read()
-    if current is not None:
-        yield current, fields
-
-
-def load_references(cfg: Config) -> dict[int, list[str]]:
-    """Training references {image_id: [captions]} for the SCST reward and its document frequencies:
-    caption.coco_json (Karpathy train + restval), else a scan of caption.train_shards' txt/json (no image
-    is decoded; ids as the loader computes them)."""
-    c = cfg.caption
-    if c.coco_json:
-        from mplug_pretrain.data.write_coco import load_caption_json
-        images = load_caption_json(c.coco_json, c.image_root or "", "train,restval")
-        return {img.image_id: list(img.captions) for img in images}
-    from mplug_pretrain.data.image_decode import SampleError, decode_json, decode_text
-    from mplug_pretrain.data.urls import all_shards, expand_sources
-    refs: dict[int, list[str]] = {}
-    for url in all_shards(expand_sources(c.train_shards)):
-        for key, fields in _tar_samples(url):
-            try:
-                meta = decode_json(fields.get("json"))
-                captions = [str(x) for x in meta.get("captions", [])] or [decode_text(fields.get("txt"))]
-            except SampleError:
-                continue  # the loader skips this sample too
-            refs.setdefault(image_id_of(meta, {"__key__": key, "__url__": url}), []).extend(captions)
-    if not refs:
-        raise DataError(f"caption.train_shards: no caption found in {c.train_shards}")
-    return refs
-
-
-# ----------------------------------------------------------------- losses
-def real_rows(batch: dict) -> list[int]:
-    """Indices of the non-padding rows."""
-    return [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
-
-
-def visual_states(module: nn.Module, batch: dict, rows: list[int], freeze_vision: bool) -> torch.Tensor:
-    """Visual states [len(rows), 1+M, D] from cached features, a frozen ViT or the full image encoder."""
-    if "features" in batch:
-        return states_from_vit_tokens(module.image_encoder, batch["features"][rows])
-    if freeze_vision:
-        with torch.no_grad():
-            tokens = module.image_encoder.vit(batch["image"][rows])
-        return states_from_vit_tokens(module.image_encoder, tokens)
-    return module.encode_image(batch["image"][rows])
-
-
-def caption_xe_loss(module: nn.Module, image_states: torch.Tensor, input_ids: torch.Tensor,
-                    attention_mask: torch.Tensor, prompt_length: int, label_smoothing: float = 0.0) -> torch.Tensor:
-    """MPLUG.caption_loss from given visual states (``prompt_length`` counts [CLS] + prompt tokens)."""
-    split = split_prefix(input_ids, attention_mask, split=torch.tensor(prompt_length - 1))
-    memory, memory_mask = module.memory_from_states(image_states, None, split.prefix_ids, split.prefix_mask)
-    logits = module.decoder(split.target_ids, split.target_mask, memory, memory_mask).logits
-    return prefix_lm_loss(logits, split.target_ids, split.target_mask, label_smoothing)
-
-
-def _rows_or_zero(batch: dict) -> tuple[list[int], float]:
-    """The real rows with weight 1, or (a batch of padding only) row 0 with weight 0 so every rank steps alike."""
-    rows = real_rows(batch)
-    return (rows, 1.0) if rows else ([0], 0.0)
-
-
-def xe_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt_length: int,
-                  label_smoothing: float) -> dict:
-    rows, weight = _rows_or_zero(batch)
-    states = visual_states(module, batch, rows, freeze_vision)
-    loss = caption_xe_loss(module, states, batch["input_ids"][rows], batch["attention_mask"][rows], prompt_length,
-                           label_smoothing)
-    return {"loss": loss * weight}
-
-
-def scst_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt: torch.Tensor,
-                    reward: CiderDReward, tokenizer, k: int, max_length: int) -> dict:
-    rows, weight = _rows_or_zero(batch)
-    first: dict[int, int] = {}
-    for i in rows:  # SCST is image-wise: one row per distinct image of the batch
-        first.setdefault(int(batch["image_id"][i]), i)
-    rows = list(first.values())
-    with policy_mode(module):  # dropout off: the sampler and the log-prob recomputation are one network
-        states = visual_states(module, batch, rows, freeze_vision)
-        ids = prompt.to(states.device).expand(len(rows), -1)
-        memory, memory_mask = module.memory_from_states(states, None, ids, torch.ones_like(ids))
-        out = scst_loss(module.decoder, memory, memory_mask, list(first), reward, tokenizer, k=k,
-                        max_length=max_length)
-    return {"loss": out["loss"] * weight, "loss_reward": out["loss_reward"]}
-
-
-# ----------------------------------------------------------------- stages
 def stage_config(cfg: Config, index: int, stage: StageConfig, init_from: str) -> Config:
     """The run config of stage ``index``: its steps, lrs, batch; its sub-folder; its init."""
     o, d = cfg.optim, cfg.data
@@ -264,7 +72,7 @@ def _random_init(cfg: Config, image_size: int) -> str:
         seed_everything(cfg.run.seed)
         model_cfg = copy.deepcopy(cfg.model)
         model_cfg.vision.image_size = image_size
-        _captioner(model_cfg).save_pretrained(folder)
+        captioner(model_cfg).save_pretrained(folder)
     _barrier()
     return folder
 
@@ -279,7 +87,7 @@ class CaptionStage:
         self.prompt = prompt_ids(tokenizer, cfg.caption.prompt)
         self.cache = None
         if cache_folder is not None:
-            from mplug_pretrain.train.feature_cache import FeatureCache
+            from mplug_pretrain.data.cached_features import FeatureCache
             self.cache = FeatureCache(cache_folder)
 
     def build_model(self, cfg: Config) -> nn.Module:
@@ -296,7 +104,7 @@ class CaptionStage:
                 "epoch": epoch, "start_batch": start_batch, "shuffle": True, "rank": rank, "world_size": world_size,
                 "samples_per_epoch": d.samples_per_epoch, "shuffle_buffer": d.shuffle_buffer}
         if self.cache is not None:
-            from mplug_pretrain.train.feature_cache import build_cached_loader
+            from mplug_pretrain.data.cached_features import build_cached_loader
             return build_cached_loader(cfg.caption.train_shards, self.cache, self.tokenizer, self.text_fn,
                                        max_text_len=d.max_text_len, **args)
         transform = (build_train_transform if cfg.caption.augment else build_eval_transform)(self.image_size)
@@ -319,7 +127,7 @@ class CaptionStage:
 def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> dict[str, float]:
     """Held-out scores of a stage's model on caption.val_shards (every rank takes its share):
     {"cider_d": beam-search CIDEr-D, "sample_cider_d": mean CIDEr-D of caption.scst_samples sampled captions
-    per image, the SCST objective on held-out images (eval/sampled_cider.py)}."""
+    per image, the SCST objective on held-out images (train/sampled_cider.py)}."""
     from mplug_pretrain.eval.caption_task import (
         GenerationSettings,
         eval_loader,
@@ -327,8 +135,8 @@ def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> dict[str, float]:
         gather_to_all,
         generate_captions,
     )
-    from mplug_pretrain.eval.sampled_cider import sampled_cider_d
     from mplug_pretrain.models.mplug import MPLUG
+    from mplug_pretrain.train.sampled_cider import sampled_cider_d
     c = cfg.caption
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = MPLUG.from_pretrained(model_dir).float().to(device).eval()

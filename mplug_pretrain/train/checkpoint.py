@@ -106,7 +106,8 @@ def _prune(ckpt_dir: str, keep_last: int) -> None:
     latest_step = int(_TAG.match(latest).group(1)) if latest else -1
     tags = sorted((int(m.group(1)), name) for name in os.listdir(ckpt_dir) if (m := _TAG.match(name)))
     complete = [name for step, name in tags if step <= latest_step]
-    for name in complete[:-keep_last]:
+    stale = [name for step, name in tags if step > latest_step]  # an earlier attempt killed while saving
+    for name in complete[:-keep_last] + stale:
         shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
 
 

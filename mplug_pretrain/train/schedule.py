@@ -1,8 +1,10 @@
 """Learning-rate schedule stepped by our own code from the global optimizer step (never handed to
 DeepSpeed, see anchors §F): linear warm-up to each group's peak, then cosine to ``min_lr``.
 
-    lr(step) = peak * step / warmup                                   if step < warmup
-             = min_lr + (peak - min_lr) * 0.5 * (1 + cos(pi * p))     p = (step - warmup) / (total - warmup)
+    lr(step) = peak * (step + 1) / warmup                             if step < warmup
+             = min_lr + (peak - min_lr) * 0.5 * (1 + cos(pi * p))     p = min(1, (step - warmup) / (total - warmup))
+
+with ``step`` the 0-based optimizer step about to be taken, so the first step already moves (peak / warmup).
 """
 from __future__ import annotations
 

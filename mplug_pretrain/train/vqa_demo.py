@@ -18,9 +18,9 @@ import yaml
 
 from mplug_pretrain.config import REPO_ROOT, config_from_dict
 from mplug_pretrain.config_loader import deep_merge
+from mplug_pretrain.data.urls import all_shards, expand_sources
 from mplug_pretrain.errors import DataError
 from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa
-from mplug_pretrain.shard_urls import expand_urls
 
 DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "vqa_demo.yaml")
 
@@ -28,7 +28,7 @@ DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "vqa_demo.yaml")
 def read_vqa_answers(urls: str) -> dict:
     """question_id -> the human answers, from the ``.json`` members of VQA shards (images are not read)."""
     answers = {}
-    for url in expand_urls(urls):
+    for url in all_shards(expand_sources(urls)):
         with tarfile.open(url) as tar:
             for member in tar:
                 if not member.name.endswith(".json"):

@@ -53,5 +53,17 @@ def test_feature_cache_bench_rows(tmp_path):
         (m, o) for m in ("end_to_end", "frozen_encoder", "cached_features") for o in ("xe", "scst")}
     assert all(r["seconds_per_step"] > 0 for r in result["rows"])
     trainable = {r["mode"]: r["trainable_parameters"] for r in result["rows"]}
-    assert trainable["end_to_end"] > trainable["frozen_encoder"] == trainable["cached_features"]
-    assert result["recipe_estimate"]["speedup"] > 0
+    vit = sum(p.numel() for p in feature_cache_bench._model(True).image_encoder.vit.parameters())
+    assert trainable["end_to_end"] - trainable["frozen_encoder"] == vit  # exactly the ViT is frozen
+    assert trainable["frozen_encoder"] == trainable["cached_features"]
+    # every derived figure recomputed from the raw step timings of the rows
+    per_image = {f"{r['objective']}_{'cached' if r['mode'] == 'cached_features' else r['mode']}":
+                 r["seconds_per_step"] / r["batch_size"] for r in result["rows"]}
+    estimate = result["recipe_estimate"]
+    assert {k: v for k, v in estimate["per_image_seconds"].items() if k != "caching"} == pytest.approx(per_image)
+    fast = sum(n * estimate["per_image_seconds"][k] for k, n in feature_cache_bench.FAST_RECIPE.items())
+    standard = sum(n * estimate["per_image_seconds"][k] for k, n in feature_cache_bench.STANDARD_RECIPE.items())
+    assert estimate["seconds_per_training_image"] == pytest.approx({"fast_recipe": fast, "standard_recipe": standard})
+    assert estimate["speedup"] == pytest.approx(standard / fast)
+    assert result["step_speedup_cached_vs_end_to_end"] == pytest.approx(
+        {o: per_image[f"{o}_end_to_end"] / per_image[f"{o}_cached"] for o in ("xe", "scst")})

@@ -6,24 +6,16 @@ import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
+from mplug_pretrain.data.cached_features import FeatureCache, build_cached_loader
 from mplug_pretrain.data.pipeline import build_loader
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.data.transforms import build_eval_transform
 from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards
-from mplug_pretrain.train.caption_task import (
-    CaptionImageFormat,
-    CaptionText,
-    _captioner,
-    caption_xe_loss,
-    prompt_ids,
-    visual_states,
-)
-from mplug_pretrain.train.feature_cache import (
-    FeatureCache,
-    build_cached_loader,
-    build_feature_cache,
-    states_from_vit_tokens,
-)
+from mplug_pretrain.models.vision import states_from_vit_tokens
+from mplug_pretrain.train.caption_data import CaptionImageFormat, CaptionText, prompt_ids
+from mplug_pretrain.train.caption_losses import caption_xe_loss, visual_states
+from mplug_pretrain.train.caption_model import captioner
+from mplug_pretrain.train.feature_cache import build_feature_cache
 
 SIZE = 64
 
@@ -51,7 +43,7 @@ def shards(tmp_path_factory):
 def model():
     from mplug_pretrain.models.presets import get_preset_config
     torch.manual_seed(0)
-    return _captioner(get_preset_config("tiny")).eval()
+    return captioner(get_preset_config("tiny")).eval()
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +88,7 @@ def test_one_row_per_image_equal_to_the_vit_output_and_fingerprint_follows_weigh
     stamp = os.path.getmtime(os.path.join(folder, "meta.json"))
     assert build_feature_cache(model, shards["a"], str(tmp_path), SIZE, log=lambda line: None) == folder
     assert os.path.getmtime(os.path.join(folder, "meta.json")) == stamp  # reused, not rebuilt
-    changed = _captioner(model.config)
+    changed = captioner(model.config)
     with torch.no_grad():
         changed.load_state_dict(model.state_dict())
         changed.image_encoder.vit.ln_post.bias.add_(0.01)
@@ -119,7 +111,7 @@ def test_images_missing_from_the_cache_are_skipped_and_counted(shards, model, to
 def test_frozen_vision_takes_no_gradient(shards, model, tokenizer):
     fmt = CaptionImageFormat(build_eval_transform(SIZE), tokenizer, 30, SIZE, CaptionText("a picture of"))
     batch = _batches(build_loader(shards["a"], fmt, batch_size=4, shuffle=False, rank=0, world_size=1))
-    trained = _captioner(model.config)
+    trained = captioner(model.config)
     states = visual_states(trained, batch, [0, 1, 2, 3], freeze_vision=True)
     caption_xe_loss(trained, states, batch["input_ids"], batch["attention_mask"], 4).backward()
     assert all(p.grad is None for p in trained.image_encoder.vit.parameters())

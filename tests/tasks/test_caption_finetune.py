@@ -39,6 +39,7 @@ def small_shards(tmp_path_factory):
     return {"train": str(folder / train["shards"][0]["file"]), "val": str(folder / val["shards"][0]["file"])}
 
 
+@pytest.mark.slow  # XE (cached features) + SCST + pycocoevalcap in subprocesses: ~35 s
 def test_finetune_caption_cli_runs_xe_then_scst_and_evaluates(tmp_path, small_shards, model_dir):
     stages = ("caption.stages=[{name: xe, steps: 3, freeze_vision: true, cached_features: true}, "
               "{name: scst, objective: scst, steps: 2, batch_size: 4, warmup_steps: 0}]")

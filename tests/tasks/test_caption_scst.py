@@ -12,7 +12,7 @@ from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.eval.cider_d import CiderD
 from mplug_pretrain.models.decoder_api import EOS_ID, DecoderOutput
 from mplug_pretrain.models.generation import sample
-from mplug_pretrain.train.caption_task import scst_batch_loss
+from mplug_pretrain.train.caption_losses import scst_batch_loss
 from mplug_pretrain.train.scst import CiderDReward, policy_mode, scst_loss, self_critical_loss
 
 

@@ -61,6 +61,7 @@ def load(path) -> dict | list:
         return json.load(f)
 
 
+@pytest.mark.slow  # cli_runs: `mplug finetune vqa` + `mplug eval vqa` in subprocesses
 def test_finetune_cli_trains_saves_and_evaluates(cli_runs):
     run_dir = cli_runs["run_dir"]
     assert [r["step"] for r in read_log(run_dir)] == [1, 2, 3]
@@ -71,6 +72,7 @@ def test_finetune_cli_trains_saves_and_evaluates(cli_runs):
     assert metrics["normalization"] == "official_2021" and 0.0 <= metrics["vqa_accuracy"] <= 100.0
 
 
+@pytest.mark.slow  # cli_runs: `mplug finetune vqa` + `mplug eval vqa` in subprocesses
 @pytest.mark.parametrize("which", ["run_dir", "eval_dir"])
 def test_submission_answers_every_question_and_scores_as_reported(which, cli_runs, shards):
     folder = cli_runs[which]
@@ -85,6 +87,7 @@ def test_submission_answers_every_question_and_scores_as_reported(which, cli_run
     assert metrics["vqa_accuracy"] == pytest.approx(recount, abs=1e-9)
 
 
+@pytest.mark.slow  # cli_runs: `mplug finetune vqa` + `mplug eval vqa` in subprocesses
 def test_eval_cli_ranks_within_the_answer_list(cli_runs, shards):
     metrics = load(cli_runs["eval_dir"] / "metrics.json")
     assert metrics["inference"] == "rank" and metrics["normalization"] == "legacy"

@@ -1,0 +1,59 @@
+"""The captioner: MPLUG without momentum encoders, pretraining heads frozen, built from a pretrained folder
+(with an interchangeable decoder / visual refiner swapped in when the config asks for another type)."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+from torch import nn
+
+from mplug_pretrain.config import Config
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.models.model_config import ModelConfig
+
+
+def training_image_size(cfg: Config) -> int:
+    """caption.image_size, else the pretrained model's, else model.vision.image_size."""
+    if cfg.caption.image_size is not None:
+        return cfg.caption.image_size
+    if cfg.init_from:
+        with open(os.path.join(cfg.init_from, "config.json")) as f:
+            return int(json.load(f)["vision"]["image_size"])
+    return cfg.model.vision.image_size
+
+
+def captioner(config: ModelConfig, state: dict | None = None) -> nn.Module:
+    """MPLUG without momentum encoders, pretraining heads frozen; ``state`` loaded where its keys fit."""
+    from mplug_pretrain.models.mplug import MPLUG
+    config = copy.deepcopy(config)
+    config.heads.use_momentum = False
+    model = MPLUG(config)
+    if state is not None:
+        own = model.state_dict()
+        missing = [k for k in own if k not in state]
+        fresh = ("decoder.", "image_encoder.refiner.")
+        if any(not k.startswith(fresh) for k in missing):
+            raise ConfigError(f"init_from: the pretrained weights lack {missing[0]}")
+        model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+    for head in (model.itc, model.itm_head, model.mlm_head):
+        head.requires_grad_(False)
+    return model
+
+
+def load_caption_model(directory: str, model_cfg: ModelConfig, image_size: int | None = None) -> nn.Module:
+    """A captioner from a ``save_pretrained`` folder. The folder's architecture is kept, except that a
+    different ``model_cfg.decoder.type`` / ``refiner.type`` swaps in a freshly initialised head of that
+    type (the interchangeable decoders: bert | expansion | acf)."""
+    from mplug_pretrain.models.mplug import MPLUG
+    pretrained = MPLUG.from_pretrained(directory, image_size=image_size)
+    config = copy.deepcopy(pretrained.config)
+    state = pretrained.state_dict()
+    if model_cfg.decoder.type != config.decoder.type:
+        config.decoder = copy.deepcopy(model_cfg.decoder)
+        state = {k: v for k, v in state.items() if not k.startswith("decoder.")}
+    if model_cfg.refiner.type != config.refiner.type:
+        config.refiner = copy.deepcopy(model_cfg.refiner)
+        state = {k: v for k, v in state.items() if not k.startswith("image_encoder.refiner.")}
+    del pretrained
+    return captioner(config, state)

@@ -1,0 +1,110 @@
+"""The package's import graph, read from the source with ``ast`` (every import statement, also those inside
+functions): no cycle between modules, and evaluation code never imports training code (DESIGN: inference
+users never import training code; eval/ is used by train/, not the other way round)."""
+import ast
+import pathlib
+
+import mplug_pretrain
+
+PACKAGE_ROOT = pathlib.Path(mplug_pretrain.__file__).parent
+
+
+
+def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: pathlib.Path = PACKAGE_ROOT) -> dict[str, set[str]]:
+    """{module: the package modules it imports}; ``from pkg import name`` counts as importing ``pkg.name``
+    when that is a module, else ``pkg``."""
+    files = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                candidates = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module
+                candidates = [f"{module}.{alias.name}" for alias in node.names]
+                candidates = [c for c in candidates if c in files] or [module]
+            else:
+                continue
+            for candidate in candidates:
+                while candidate and candidate not in files:  # `import a.b.c` imports a.b.c
+                    candidate = candidate.rpartition(".")[0]
+                if candidate and candidate != name:
+                    targets.add(candidate)
+        graph[name] = targets
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle [a, b, ..., a] by depth-first search, or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state:
+                found = visit(target)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 else ""
+
+
+def test_the_graph_sees_imports_inside_functions_and_relative_imports(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("def f():\n    from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from . import c\n")
+    (pkg / "sub" / "c.py").write_text("import pkg.sub.a\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.sub.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.sub.c"}
+    assert find_cycle(graph) == ["pkg.sub.a", "pkg.sub.b", "pkg.sub.c", "pkg.sub.a"]
+    (pkg / "sub" / "c.py").write_text("import os\n")
+    assert find_cycle(import_graph(pkg)) is None
+
+
+def test_no_import_cycle_in_the_package():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_eval_never_imports_train():
+    graph = import_graph()
+    edges = {(a, b) for a, targets in graph.items() for b in targets if _layer(a) == "eval" and _layer(b) == "train"}
+    assert edges == set(), f"eval -> train imports: {sorted(edges)}"
+
+
+def test_models_and_data_never_import_train_or_eval():
+    graph = import_graph()
+    edges = sorted((a, b) for a, targets in graph.items() for b in targets
+                   if _layer(a) in ("models", "data") and _layer(b) in ("train", "eval"))
+    assert edges == [], f"model/data code imports training or evaluation code: {edges}"
