@@ -41,3 +41,10 @@ def tokenize(tokenizer, texts: list[str], max_len: int) -> tuple[torch.Tensor, t
     out = tokenizer(texts, padding="longest", truncation=True, max_length=max_len, return_tensors="pt",
                     return_token_type_ids=False)
     return out["input_ids"].long(), out["attention_mask"].long()
+
+
+def save_tokenizer(tokenizer, directory: str) -> list[str]:
+    """Write the tokenizer's files (vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json)
+    into ``directory``, so ``load_tokenizer(directory)`` gives the same ids. -> the files written."""
+    os.makedirs(directory, exist_ok=True)
+    return [os.path.basename(f) for f in tokenizer.save_pretrained(directory)]
