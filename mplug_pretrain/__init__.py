@@ -21,7 +21,15 @@ _LAZY = {
     "AnswerSettings": ("mplug_pretrain.models.generation_settings", "AnswerSettings"),
     "load_tokenizer": ("mplug_pretrain.data.tokenizer", "load_tokenizer"),
 }
-__all__ = ["__version__", *_LAZY]
+__all__ = [
+    "MPLUG",
+    "AnswerSettings",
+    "GenerationSettings",
+    "Preprocessing",
+    "__version__",
+    "create_model_and_transforms",
+    "load_tokenizer",
+]
 
 
 def __getattr__(name: str):

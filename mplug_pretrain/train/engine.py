@@ -60,9 +60,10 @@ def momentum_update(engine, zero_stage: int) -> None:
                     p_m.data.mul_(m).add_(p.data.to(p_m.dtype), alpha=1.0 - m)
 
 
-def save_final_model(engine, out_dir: str, zero_stage: int, rank: int) -> None:
+def save_final_model(engine, out_dir: str, zero_stage: int, rank: int, cfg: Config | None = None) -> None:
     """Full-precision model folder (save_pretrained) from the live engine; under ZeRO-3 the
-    partitions are gathered first (all at once: fine for models that fit one host's memory)."""
+    partitions are gathered first (all at once: fine for models that fit one host's memory).
+    With the run's ``cfg`` the folder also gets its tokenizer and preprocessing.json (self-contained)."""
     module = engine.module
     if zero_stage == 3:
         import deepspeed
@@ -71,3 +72,6 @@ def save_final_model(engine, out_dir: str, zero_stage: int, rank: int) -> None:
                 module.save_pretrained(out_dir)
     elif rank == 0:
         module.save_pretrained(out_dir)
+    if rank == 0 and cfg is not None:
+        from mplug_pretrain.models.preprocessing import write_inference_files
+        write_inference_files(out_dir, cfg.data.tokenizer, cfg.data.max_text_len)
