@@ -47,4 +47,12 @@ def save_tokenizer(tokenizer, directory: str) -> list[str]:
     """Write the tokenizer's files (vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json)
     into ``directory``, so ``load_tokenizer(directory)`` gives the same ids. -> the files written."""
     os.makedirs(directory, exist_ok=True)
-    return [os.path.basename(f) for f in tokenizer.save_pretrained(directory)]
+    written = [os.path.basename(f) for f in tokenizer.save_pretrained(directory)]
+    if "vocab.txt" not in written:  # transformers >= 5 writes tokenizer.json only; load_tokenizer reads vocab.txt
+        vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+        if [index for _, index in vocab] != list(range(len(vocab))):
+            raise ValueError("tokenizer: vocabulary ids are not 0..N-1; cannot write vocab.txt")
+        with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
+            f.writelines(f"{token}\n" for token, _ in vocab)
+        written.append("vocab.txt")
+    return written
