@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from mplug_pretrain import process_group
 from mplug_pretrain.config import Config, deepspeed_config, resolve_precision
 
 
@@ -34,8 +35,7 @@ def autocast_context(cfg: Config):
     """bf16 autocast where the run is bf16 (DeepSpeed casts weights; autocast keeps fp32-sensitive
     ops such as softmax/normalisation in fp32)."""
     if resolve_precision(cfg) == "bf16":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+        return torch.autocast(device_type=process_group.device().type, dtype=torch.bfloat16)
     import contextlib
     return contextlib.nullcontext()
 
@@ -50,13 +50,11 @@ def momentum_update(engine, zero_stage: int) -> None:
         module.momentum_update()
         return
     import deepspeed
-    import torch.distributed as dist
     m = module.config.heads.momentum
-    rank = dist.get_rank() if dist.is_initialized() else 0
     for online, momentum in pairs:
         for p, p_m in zip(online.parameters(), momentum.parameters()):
             with deepspeed.zero.GatheredParameters([p, p_m], modifier_rank=0):
-                if rank == 0:
+                if process_group.rank() == 0:
                     p_m.data.mul_(m).add_(p.data.to(p_m.dtype), alpha=1.0 - m)
 
 
