@@ -5,7 +5,8 @@
 
 ``preset_or_dir``: a preset name (tiny | base | large: randomly initialised, default tokenizer and CLIP
 preprocessing) or a model folder (config.json + model.safetensors, as ``mplug export`` and training runs'
-``model/`` write; with its tokenizer files, preprocessing.json and caption_generation.json when present).
+``model/`` write; with its tokenizer files, preprocessing.json, caption_generation.json and
+answer_generation.json when present).
 Only models/ and data/ (transforms, tokenizer) are imported: no DeepSpeed, no training code.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ def create_model_and_transforms(preset_or_dir: str, device: str | torch.device |
     float32 [3, S, S] with S the model's input size; ``image_size`` re-targets a folder's ViT (positions
     resized) and the transforms. ``device``: default cpu."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.models.generation_settings import GenerationSettings
+    from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
     from mplug_pretrain.models.mplug import MPLUG
     from mplug_pretrain.models.presets import PRESETS, apply_overrides, get_preset_config
 
@@ -39,18 +40,19 @@ def create_model_and_transforms(preset_or_dir: str, device: str | torch.device |
         model = MPLUG.from_pretrained(preset_or_dir, image_size=image_size)
         preprocessing, tokenizer = _folder_preprocessing(preset_or_dir, model.config.vision.image_size)
         generation = GenerationSettings.from_model_dir(preset_or_dir)
+        answering = AnswerSettings.from_model_dir(preset_or_dir)
     elif preset_or_dir in PRESETS:
         config = get_preset_config(preset_or_dir)
         if image_size is not None:
             config = apply_overrides(config, {"vision.image_size": image_size})
         model = MPLUG(config)
         preprocessing, tokenizer = Preprocessing(image_size=config.vision.image_size), load_tokenizer()
-        generation = GenerationSettings()
+        generation, answering = GenerationSettings(), AnswerSettings()
     else:
         raise ValueError(f"{preset_or_dir!r}: neither a preset ({', '.join(PRESETS)}) nor a model folder")
     model = model.float().to(device or "cpu").eval()
     train_transform, eval_transform = preprocessing.transforms()
-    model.attach_inference(tokenizer, eval_transform, preprocessing.max_text_len, generation)
+    model.attach_inference(tokenizer, eval_transform, preprocessing.max_text_len, generation, answering)
     return model, train_transform, eval_transform, tokenizer
 
 

@@ -143,6 +143,15 @@ def test_caption_uses_the_folders_generation_settings(tmp_path, images):
     assert all(len(c.split()) <= 4 for c in explicit)
 
 
+def test_answer_uses_the_folders_answer_settings(tmp_path, images):
+    from mplug_pretrain.models.generation_settings import AnswerSettings
+    folder = save_model_folder(str(tmp_path / "vqa_model"), seed=3)
+    AnswerSettings(beam_size=2, max_length=3, length_penalty=0.0).save(folder)
+    model, *_ = mplug_pretrain.create_model_and_transforms(folder)
+    assert model.answer_settings == AnswerSettings(2, 3, 0.0)
+    assert model.answer(images, "what is it?") == model.answer(images, "what is it?", beam_size=2, max_length=3)
+
+
 def test_similarity_equals_itc_from_the_encoders(loaded, low_level, images):
     model, *_ = loaded
     reference, tokenizer = low_level

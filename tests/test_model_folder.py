@@ -35,6 +35,7 @@ ours = [str(w.message) for w in caught if folder in str(w.message)]
 ids = tok(json.loads(sys.argv[4]), truncation=True, max_length=model.inference_max_text_len)["input_ids"]
 save_file({"pixels": eval_t(Image.open(image_path)).contiguous()}, out)
 print(json.dumps({"warnings": ours, "ids": ids, "max_text_len": model.inference_max_text_len,
+                  "answer_max_length": model.answer_settings.max_length,
                   "image_size": model.config.vision.image_size, "deepspeed": "deepspeed" in sys.modules}))
 """
 
@@ -64,7 +65,7 @@ def load_elsewhere(folder: str, tmp_path) -> tuple[dict, torch.Tensor, Image.Ima
     return json.loads(proc.stdout.strip().splitlines()[-1]), load_file(out)["pixels"], image
 
 
-def check_self_contained(folder: str, tmp_path, max_len: int) -> None:
+def check_self_contained(folder: str, tmp_path, max_len: int) -> dict:
     expected_files = {"config.json", "model.safetensors", "preprocessing.json", "vocab.txt", "tokenizer.json"}
     assert expected_files <= set(os.listdir(folder))
     report, pixels, image = load_elsewhere(folder, tmp_path)
@@ -74,6 +75,7 @@ def check_self_contained(folder: str, tmp_path, max_len: int) -> None:
     assert torch.equal(pixels, expected_pixels)
     assert report["ids"] == expected_ids
     assert len(expected_ids[1]) == max_len  # the long text really was truncated at the saved length
+    return report
 
 
 def test_saved_folder_loads_elsewhere_with_its_own_tokenizer_and_preprocessing(tmp_path):
@@ -94,11 +96,12 @@ def test_folder_without_the_files_warns_and_falls_back(tmp_path):
 @pytest.mark.slow
 def test_training_model_folder_and_export_are_self_contained(tmp_path, demo_shards):
     """A real 2-step pretraining (DeepSpeed, one process): its model/ and `mplug export` of its checkpoint."""
-    args = tiny_pretrain_args(tmp_path, demo_shards, "run", steps=2, extra=["data.max_text_len=11"])
+    args = tiny_pretrain_args(tmp_path, demo_shards, "run", steps=2,
+                              extra=["data.max_text_len=11", "vqa.max_answer_length=4"])
     proc = run_mplug(["pretrain", *args])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    check_self_contained(str(tmp_path / "run" / "model"), tmp_path / "a", max_len=11)
+    assert check_self_contained(str(tmp_path / "run" / "model"), tmp_path / "a", max_len=11)["answer_max_length"] == 4
     out = tmp_path / "exported"
     proc = run_mplug(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    check_self_contained(str(out), tmp_path / "b", max_len=11)
+    assert check_self_contained(str(out), tmp_path / "b", max_len=11)["answer_max_length"] == 4

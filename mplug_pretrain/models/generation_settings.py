@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 
 GENERATION_FILE = "caption_generation.json"  # written into fine-tuned model folders
+ANSWER_FILE = "answer_generation.json"  # written into every training run's model/ folder (vqa.* settings)
 
 
 @dataclass
@@ -47,3 +48,21 @@ class AnswerSettings:
     beam_size: int = 5
     max_length: int = 10
     length_penalty: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg) -> AnswerSettings:
+        """From a run ``Config``'s ``vqa`` section."""
+        v = cfg.vqa
+        return cls(v.beam_size, v.max_answer_length, v.length_penalty)
+
+    @classmethod
+    def from_model_dir(cls, directory: str) -> AnswerSettings:
+        path = os.path.join(directory, ANSWER_FILE)
+        if not os.path.isfile(path):
+            return cls()
+        with open(path) as f:
+            return cls(**json.load(f))
+
+    def save(self, directory: str) -> None:
+        with open(os.path.join(directory, ANSWER_FILE), "w") as f:
+            json.dump(asdict(self), f, indent=2)

@@ -61,7 +61,7 @@ def momentum_update(engine, zero_stage: int) -> None:
 def save_final_model(engine, out_dir: str, zero_stage: int, rank: int, cfg: Config | None = None) -> None:
     """Full-precision model folder (save_pretrained) from the live engine; under ZeRO-3 the
     partitions are gathered first (all at once: fine for models that fit one host's memory).
-    With the run's ``cfg`` the folder also gets its tokenizer and preprocessing.json (self-contained)."""
+    With the run's ``cfg`` the folder also gets its tokenizer, preprocessing.json and VQA decoding settings."""
     module = engine.module
     if zero_stage == 3:
         import deepspeed
@@ -71,5 +71,5 @@ def save_final_model(engine, out_dir: str, zero_stage: int, rank: int, cfg: Conf
     elif rank == 0:
         module.save_pretrained(out_dir)
     if rank == 0 and cfg is not None:
-        from mplug_pretrain.models.preprocessing import write_inference_files
-        write_inference_files(out_dir, cfg.data.tokenizer, cfg.data.max_text_len)
+        from mplug_pretrain.train.export import complete_model_folder
+        complete_model_folder(out_dir, cfg)

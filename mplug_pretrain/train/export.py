@@ -9,7 +9,9 @@ import shutil
 
 import torch
 
-from mplug_pretrain.config import load_config
+from mplug_pretrain.config import Config, load_config
+from mplug_pretrain.models.generation_settings import GENERATION_FILE, AnswerSettings
+from mplug_pretrain.models.preprocessing import write_inference_files
 from mplug_pretrain.train.checkpoint import read_latest
 
 
@@ -56,10 +58,15 @@ def export_checkpoint(checkpoint: str, out: str, tag: str | None = None) -> str:
         raise RuntimeError(f"{ckpt_dir}/{tag}: checkpoint does not match the run's model config: "
                            f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.save_pretrained(out)
-    from mplug_pretrain.models.generation_settings import GENERATION_FILE
-    from mplug_pretrain.models.preprocessing import write_inference_files
-    write_inference_files(out, cfg.data.tokenizer, cfg.data.max_text_len)
+    complete_model_folder(out, cfg)
     generation = os.path.join(run_dir, "model", GENERATION_FILE)
     if os.path.isfile(generation) and os.path.abspath(out) != os.path.dirname(generation):
         shutil.copy(generation, os.path.join(out, GENERATION_FILE))
     return out
+
+
+def complete_model_folder(directory: str, cfg: Config) -> None:
+    """Make a ``save_pretrained`` folder self-contained: the run's tokenizer files, preprocessing.json and
+    the VQA decoding settings (vqa.beam_size / max_answer_length / length_penalty)."""
+    write_inference_files(directory, cfg.data.tokenizer, cfg.data.max_text_len)
+    AnswerSettings.from_config(cfg).save(directory)
