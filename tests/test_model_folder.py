@@ -105,3 +105,17 @@ def test_training_model_folder_and_export_are_self_contained(tmp_path, demo_shar
     proc = run_mplug(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert check_self_contained(str(out), tmp_path / "b", max_len=11)["answer_max_length"] == 4
+
+
+def test_a_bad_preprocessing_file_names_file_and_field(tmp_path):
+    folder = str(tmp_path / "model")
+    build_model("tiny").save_pretrained(folder)
+    write_inference_files(folder, tokenizer_path=None, max_text_len=9)
+    path = os.path.join(folder, "preprocessing.json")
+    with open(path) as f:
+        data = json.load(f)
+    data["imagesize"] = data.pop("image_size")
+    with open(path, "w") as f:
+        json.dump(data, f)
+    with pytest.raises(ValueError, match=r"preprocessing\.json: unknown field imagesize"):
+        mplug_pretrain.create_model_and_transforms(folder)

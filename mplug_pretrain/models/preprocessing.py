@@ -4,7 +4,7 @@ tokenizer files (``vocab.txt``, ``tokenizer.json``, ...), written by ``mplug exp
 
 preprocessing.json   image_size (the ViT's input), mean / std (per channel, after scaling to [0, 1]),
                      interpolation (resize filter), train_crop_scale (RandomResizedCrop's area range),
-                     max_text_len (tokens per text incl. [CLS] and [SEP]), and "eval": the resize recipe.
+                     max_text_len (tokens per text incl. [CLS] and [SEP]), and eval_resize: the eval recipe in words.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class Preprocessing:
     interpolation: str = "bicubic"
     train_crop_scale: tuple[float, float] = TRAIN_CROP_SCALE
     max_text_len: int = DEFAULT_MAX_TEXT_LEN
-    eval: str = EVAL_RESIZE
+    eval_resize: str = EVAL_RESIZE
 
     def transforms(self):
         """-> (train transform, eval transform): PIL RGB image -> float32 [3, image_size, image_size]."""
