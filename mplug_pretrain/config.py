@@ -19,6 +19,7 @@ import yaml
 from mplug_pretrain.config_loader import build_dataclass, deep_merge, parse_overrides, to_dict
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.model_config import ModelConfig
+from mplug_pretrain.resources import deepspeed_template
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -373,7 +374,7 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
     stage come from ``cfg`` and must not be typed in the template too.
     """
     dist = cfg.distributed
-    path = dist.template or os.path.join(REPO_ROOT, "deepspeed_configs", f"zero{dist.zero_stage}.json")
+    path = dist.template or deepspeed_template(f"zero{dist.zero_stage}.json")
     with open(path) as f:
         template = json.load(f)
     derived_keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",

@@ -13,9 +13,10 @@ import os
 import shutil
 import time
 
-from mplug_pretrain.config import REPO_ROOT, load_config
+from mplug_pretrain.config import load_config
+from mplug_pretrain.resources import config_file
 
-DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "demo.yaml")
+DEMO_CONFIG = config_file("demo.yaml")
 
 # (metric-producing stage, module, function), run in this order
 STAGES = [

@@ -41,3 +41,18 @@ def tokenize(tokenizer, texts: list[str], max_len: int) -> tuple[torch.Tensor, t
     out = tokenizer(texts, padding="longest", truncation=True, max_length=max_len, return_tensors="pt",
                     return_token_type_ids=False)
     return out["input_ids"].long(), out["attention_mask"].long()
+
+
+def save_tokenizer(tokenizer, directory: str) -> list[str]:
+    """Write the tokenizer's files (vocab.txt, tokenizer.json, tokenizer_config.json, special_tokens_map.json)
+    into ``directory``, so ``load_tokenizer(directory)`` gives the same ids. -> the files written."""
+    os.makedirs(directory, exist_ok=True)
+    written = [os.path.basename(f) for f in tokenizer.save_pretrained(directory)]
+    if "vocab.txt" not in written:  # transformers >= 5 writes tokenizer.json only; load_tokenizer reads vocab.txt
+        vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+        if [index for _, index in vocab] != list(range(len(vocab))):
+            raise ValueError("tokenizer: vocabulary ids are not 0..N-1; cannot write vocab.txt")
+        with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
+            f.writelines(f"{token}\n" for token, _ in vocab)
+        written.append("vocab.txt")
+    return written

@@ -29,21 +29,33 @@ class CaptionSafeRandAugment(T.RandAugment):
         return {name: space[name] for name in RANDAUG_OPS}
 
 
-def build_train_transform(image_size: int) -> T.Compose:
+INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
+TRAIN_CROP_SCALE = (0.5, 1.0)
+
+
+def interpolation_mode(name: str) -> T.InterpolationMode:
+    if name not in INTERPOLATIONS:
+        raise ValueError(f"interpolation: expected one of {', '.join(INTERPOLATIONS)}, got {name!r}")
+    return T.InterpolationMode(name)
+
+
+def build_train_transform(image_size: int, mean: tuple = CLIP_MEAN, std: tuple = CLIP_STD,
+                          interpolation: str = "bicubic", crop_scale: tuple = TRAIN_CROP_SCALE) -> T.Compose:
     return T.Compose([
-        T.RandomResizedCrop(image_size, scale=(0.5, 1.0), interpolation=T.InterpolationMode.BICUBIC),
+        T.RandomResizedCrop(image_size, scale=tuple(crop_scale), interpolation=interpolation_mode(interpolation)),
         CaptionSafeRandAugment(num_ops=2, magnitude=7, num_magnitude_bins=11),
         T.ToTensor(),
-        T.Normalize(CLIP_MEAN, CLIP_STD),
+        T.Normalize(mean, std),
     ])
 
 
-def build_eval_transform(image_size: int) -> T.Compose:
+def build_eval_transform(image_size: int, mean: tuple = CLIP_MEAN, std: tuple = CLIP_STD,
+                         interpolation: str = "bicubic") -> T.Compose:
     return T.Compose([
-        T.Resize(image_size, interpolation=T.InterpolationMode.BICUBIC),
+        T.Resize(image_size, interpolation=interpolation_mode(interpolation)),
         T.CenterCrop(image_size),
         T.ToTensor(),
-        T.Normalize(CLIP_MEAN, CLIP_STD),
+        T.Normalize(mean, std),
     ])
 
 

@@ -15,66 +15,18 @@ pycocoevalcap's Cider on the same words) on ``clean_caption`` words instead of P
 """
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from mplug_pretrain.config import Config
-from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.json_files import write_json_atomic
-from mplug_pretrain.models.generation import beam_search, token_mask
-
-GENERATION_FILE = "caption_generation.json"  # written into fine-tuned model folders
-
-
-@dataclass
-class GenerationSettings:
-    prompt: str = "a picture of"
-    beam_size: int = 5
-    max_length: int = 20
-    min_length: int = 3
-    length_penalty: float = 1.0
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> GenerationSettings:
-        c = cfg.caption
-        return cls(c.prompt, c.beam_size, c.max_length, c.min_length, c.length_penalty)
-
-    @classmethod
-    def from_model_dir(cls, directory: str) -> GenerationSettings:
-        """The settings a fine-tuning run saved beside the weights, else the defaults."""
-        path = os.path.join(directory, GENERATION_FILE)
-        if not os.path.isfile(path):
-            return cls()
-        with open(path) as f:
-            return cls(**json.load(f))
-
-    def save(self, directory: str) -> None:
-        with open(os.path.join(directory, GENERATION_FILE), "w") as f:
-            json.dump(asdict(self), f, indent=2)
-
-
-def decode_captions(tokenizer, sequences: torch.Tensor) -> list[str]:
-    """Generated rows [N, L] (first [SEP] included, PAD after) -> caption strings."""
-    kept = (sequences * token_mask(sequences)).tolist()
-    return [text.strip() for text in tokenizer.batch_decode(kept, skip_special_tokens=True)]
-
-
-@torch.no_grad()
-def caption_images(model: nn.Module, images: torch.Tensor, tokenizer, settings: GenerationSettings) -> list[str]:
-    """images [B, 3, H, W] (eval transform) -> B captions by beam search."""
-    ids, mask = tokenize(tokenizer, [settings.prompt], 512)
-    ids, mask = ids.to(images.device).expand(images.shape[0], -1), mask.to(images.device).expand(images.shape[0], -1)
-    memory, memory_mask = model.memory(images, ids, mask)
-    out = beam_search(model.decoder, memory, memory_mask, beam_size=settings.beam_size,
-                      max_length=settings.max_length, min_length=settings.min_length,
-                      length_penalty=settings.length_penalty)
-    return decode_captions(tokenizer, out.sequences[:, 0])
+from mplug_pretrain.models.generation_settings import GENERATION_FILE, GenerationSettings  # noqa: F401 (re-export)
+from mplug_pretrain.models.inference import caption_images, decode_captions  # noqa: F401 (re-export)
 
 
 def generate_captions(model: nn.Module, loader, tokenizer, settings: GenerationSettings,

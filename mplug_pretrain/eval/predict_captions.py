@@ -3,7 +3,8 @@
 Arguments may be image files or folders (every image inside, sorted: NoCaps-style prediction folders).
 Images are read with PIL (RGB) and go through the eval transform at the model's input size; the prompt and
 beam settings come from the ``caption_generation.json`` a fine-tuning run saves in the model folder (else
-"a picture of", beam 5, max length 20), each overridable. Prints "IMAGE<TAB>caption" per image;
+"a picture of", beam 5, max length 20), each overridable. The model comes through the library API
+(``create_model_and_transforms``): the folder's tokenizer and preprocessing.json are used. Prints "IMAGE<TAB>caption" per image;
 ``--out`` also writes the COCO results format [{"image_id", "caption"}] (``image_id_from_path``).
 """
 from __future__ import annotations
@@ -52,21 +53,20 @@ def load_image(path: str, transform) -> torch.Tensor:
 
 
 def predict(checkpoint: str, paths: list[str], settings, batch_size: int = 16, tokenizer_path: str | None = None):
-    """-> [(file, caption)] for every image file of ``paths``."""
+    """-> [(file, caption)] for every image file of ``paths`` (the library API: model.caption)."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.data.transforms import build_eval_transform
-    from mplug_pretrain.eval.caption_task import caption_images
-    from mplug_pretrain.models.mplug import MPLUG
+    from mplug_pretrain.factory import create_model_and_transforms
+    from mplug_pretrain.process_group import device
     files = image_files(paths)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = MPLUG.from_pretrained(checkpoint).float().to(device).eval()
-    transform = build_eval_transform(model.config.vision.image_size)
-    tokenizer = load_tokenizer(tokenizer_path)
+    model, _, transform, tokenizer = create_model_and_transforms(checkpoint, device=device())
+    if tokenizer_path:
+        tokenizer = load_tokenizer(tokenizer_path)
+        model.attach_inference(tokenizer, transform, model.inference_max_text_len, settings)
     results = []
     for start in range(0, len(files), batch_size):
         chunk = files[start:start + batch_size]
-        images = torch.stack([load_image(f, transform) for f in chunk]).to(device)
-        results.extend(zip(chunk, caption_images(model, images, tokenizer, settings)))
+        images = torch.stack([load_image(f, transform) for f in chunk])
+        results.extend(zip(chunk, model.caption(images, **vars(settings))))
     return results
 
 
@@ -74,7 +74,7 @@ def cmd_caption(args) -> int:
     import dataclasses
 
     from mplug_pretrain.eval.caption_metrics import write_caption_results
-    from mplug_pretrain.eval.caption_task import GenerationSettings
+    from mplug_pretrain.models.generation_settings import GenerationSettings
     if not os.path.isfile(os.path.join(args.checkpoint, "config.json")):
         raise FileNotFoundError(f"--checkpoint: {args.checkpoint} is not a model folder (no config.json)")
     settings = GenerationSettings.from_model_dir(args.checkpoint)

@@ -35,6 +35,7 @@ from mplug_pretrain.models.heads.itm import ImageTextMatchingHead, sample_hard_n
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead
 from mplug_pretrain.models.heads.mlm import mask_tokens, mlm_loss
 from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
+from mplug_pretrain.models.inference import InferenceMixin
 from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.models.text import TextEncoder
 from mplug_pretrain.models.vision import ImageEncoder, resize_positional_embedding
@@ -44,7 +45,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
-class MPLUG(nn.Module):
+class MPLUG(InferenceMixin, nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         config.validate()

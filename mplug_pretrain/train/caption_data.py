@@ -9,10 +9,10 @@ from collections.abc import Callable
 import torch
 
 from mplug_pretrain.config import Config
+from mplug_pretrain.data.caption_text import clean_caption
 from mplug_pretrain.data.formats import ImageTextFormat, image_id_of
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import DataError
-from mplug_pretrain.data.caption_text import clean_caption
 
 
 class CaptionText:

@@ -11,11 +11,10 @@ About 9 minutes on 2 CPU cores (fp32, one process).
 """
 from __future__ import annotations
 
-import os
+from mplug_pretrain.config import load_config
+from mplug_pretrain.resources import config_file
 
-from mplug_pretrain.config import REPO_ROOT, load_config
-
-DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "caption_demo.yaml")
+DEMO_CONFIG = config_file("caption_demo.yaml")
 
 
 def caption_demo(pretrained_dir: str, shards: dict, run_root: str, seed: int = 0,

@@ -1,6 +1,14 @@
-"""One distributed init for every launcher: torchrun, the deepspeed launcher, ``accelerate launch``
-(all set RANK/WORLD_SIZE/LOCAL_RANK), Slurm ``srun`` (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID), or a
-plain single process (we set the variables ourselves, so DeepSpeed never tries MPI discovery).
+"""One distributed init for every launcher, read from the environment each one sets:
+
+    torchrun, deepspeed launcher     RANK / WORLD_SIZE / LOCAL_RANK (deepspeed also sets CROSS_RANK)
+    accelerate launch (--multi_gpu)  the same through torch.distributed.run, plus ACCELERATE_* variables
+    mpirun (OpenMPI)                 OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK  (also `accelerate launch --cpu`
+    mpirun (MPICH, Intel MPI)        PMI_RANK / PMI_SIZE, MPI_LOCALRANKID          with an mpirun hostfile)
+    Slurm srun                       SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID
+    nothing                          one process (we set the variables ourselves, so DeepSpeed never tries
+                                     MPI discovery)
+MPI is read before Slurm: mpirun inside an sbatch allocation inherits SLURM_NTASKS but every process has
+SLURM_PROCID 0. Multi-node mpirun needs MASTER_ADDR set by the user (single node: 127.0.0.1).
 
 gloo on CPU, nccl on GPU, and a finite timeout: a dead rank fails the job instead of hanging it.
 """
@@ -11,6 +19,12 @@ import os
 import socket
 import subprocess
 from dataclasses import dataclass
+
+# (rank, world size, local rank candidates) per MPI implementation
+MPI_VARIABLES = (
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", ("OMPI_COMM_WORLD_LOCAL_RANK",)),
+    ("PMI_RANK", "PMI_SIZE", ("MPI_LOCALRANKID", "PALS_LOCAL_RANKID")),
+)
 
 
 @dataclass
@@ -23,9 +37,14 @@ class WorldInfo:
 
 def world_info_from_env(env: dict | None = None) -> WorldInfo:
     env = os.environ if env is None else env
+    accelerate = any(key.startswith("ACCELERATE_") for key in env)
     if "RANK" in env and "WORLD_SIZE" in env:
-        launcher = "deepspeed" if "CROSS_RANK" in env else "torchrun"
+        launcher = "deepspeed" if "CROSS_RANK" in env else "accelerate" if accelerate else "torchrun"
         return WorldInfo(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)), launcher)
+    for rank_key, size_key, local_keys in MPI_VARIABLES:
+        if rank_key in env and size_key in env:
+            local = next((int(env[k]) for k in local_keys if k in env), 0)
+            return WorldInfo(int(env[rank_key]), int(env[size_key]), local, "accelerate" if accelerate else "mpi")
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and int(env["SLURM_NTASKS"]) > 1:
         return WorldInfo(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)), "srun")
     return WorldInfo(0, 1, 0, "single")
@@ -94,8 +113,8 @@ def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> Wo
 
 
 def is_main_process() -> bool:
-    import torch.distributed as dist
-    return not dist.is_initialized() or dist.get_rank() == 0
+    from mplug_pretrain.process_group import rank
+    return rank() == 0
 
 
 def barrier() -> None:

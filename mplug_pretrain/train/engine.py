@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from mplug_pretrain import process_group
 from mplug_pretrain.config import Config, deepspeed_config, resolve_precision
 
 
@@ -34,8 +35,7 @@ def autocast_context(cfg: Config):
     """bf16 autocast where the run is bf16 (DeepSpeed casts weights; autocast keeps fp32-sensitive
     ops such as softmax/normalisation in fp32)."""
     if resolve_precision(cfg) == "bf16":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+        return torch.autocast(device_type=process_group.device().type, dtype=torch.bfloat16)
     import contextlib
     return contextlib.nullcontext()
 
@@ -50,19 +50,18 @@ def momentum_update(engine, zero_stage: int) -> None:
         module.momentum_update()
         return
     import deepspeed
-    import torch.distributed as dist
     m = module.config.heads.momentum
-    rank = dist.get_rank() if dist.is_initialized() else 0
     for online, momentum in pairs:
         for p, p_m in zip(online.parameters(), momentum.parameters()):
             with deepspeed.zero.GatheredParameters([p, p_m], modifier_rank=0):
-                if rank == 0:
+                if process_group.rank() == 0:
                     p_m.data.mul_(m).add_(p.data.to(p_m.dtype), alpha=1.0 - m)
 
 
-def save_final_model(engine, out_dir: str, zero_stage: int, rank: int) -> None:
+def save_final_model(engine, out_dir: str, zero_stage: int, rank: int, cfg: Config | None = None) -> None:
     """Full-precision model folder (save_pretrained) from the live engine; under ZeRO-3 the
-    partitions are gathered first (all at once: fine for models that fit one host's memory)."""
+    partitions are gathered first (all at once: fine for models that fit one host's memory).
+    With the run's ``cfg`` the folder also gets its tokenizer, preprocessing.json and VQA decoding settings."""
     module = engine.module
     if zero_stage == 3:
         import deepspeed
@@ -71,3 +70,6 @@ def save_final_model(engine, out_dir: str, zero_stage: int, rank: int) -> None:
                 module.save_pretrained(out_dir)
     elif rank == 0:
         module.save_pretrained(out_dir)
+    if rank == 0 and cfg is not None:
+        from mplug_pretrain.train.export import complete_model_folder
+        complete_model_folder(out_dir, cfg)

@@ -1,12 +1,17 @@
-"""`mplug export`: consolidate any ZeRO stage's checkpoint into ``model.safetensors`` + config,
-loadable with ``MPLUG.from_pretrained`` and no DeepSpeed."""
+"""`mplug export`: consolidate any ZeRO stage's checkpoint into a self-contained model folder:
+``model.safetensors`` + ``config.json`` (``MPLUG.from_pretrained``, no DeepSpeed), the run's tokenizer files and
+``preprocessing.json`` (``mplug_pretrain.create_model_and_transforms`` needs nothing else), and the caption
+run's ``caption_generation.json`` when its ``model/`` folder has one."""
 from __future__ import annotations
 
 import os
+import shutil
 
 import torch
 
-from mplug_pretrain.config import load_config
+from mplug_pretrain.config import Config, load_config
+from mplug_pretrain.models.generation_settings import GENERATION_FILE, AnswerSettings
+from mplug_pretrain.models.preprocessing import write_inference_files
 from mplug_pretrain.train.checkpoint import read_latest
 
 
@@ -38,7 +43,7 @@ def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
         files = [f for f in os.listdir(tag_dir) if f.endswith("model_states.pt")]
         if not files:
             raise FileNotFoundError(f"{tag_dir}: no DeepSpeed model_states file")
-        state = torch.load(os.path.join(tag_dir, sorted(files)[0]), map_location="cpu", weights_only=False)["module"]
+        state = torch.load(os.path.join(tag_dir, min(files)), map_location="cpu", weights_only=False)["module"]
     return {k: v.detach().float().clone() if v.is_floating_point() else v.detach().clone() for k, v in state.items()}
 
 
@@ -53,4 +58,15 @@ def export_checkpoint(checkpoint: str, out: str, tag: str | None = None) -> str:
         raise RuntimeError(f"{ckpt_dir}/{tag}: checkpoint does not match the run's model config: "
                            f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.save_pretrained(out)
+    complete_model_folder(out, cfg)
+    generation = os.path.join(run_dir, "model", GENERATION_FILE)
+    if os.path.isfile(generation) and os.path.abspath(out) != os.path.dirname(generation):
+        shutil.copy(generation, os.path.join(out, GENERATION_FILE))
     return out
+
+
+def complete_model_folder(directory: str, cfg: Config) -> None:
+    """Make a ``save_pretrained`` folder self-contained: the run's tokenizer files, preprocessing.json and
+    the VQA decoding settings (vqa.beam_size / max_answer_length / length_penalty)."""
+    write_inference_files(directory, cfg.data.tokenizer, cfg.data.max_text_len)
+    AnswerSettings.from_config(cfg).save(directory)

@@ -224,7 +224,7 @@ def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dic
     if hasattr(loader_stats := getattr(loader, "stats", None), "summary") and rank == 0:
         print(f"[data] {loader_stats.summary()}", flush=True)
     if exit_reason == "finished":
-        save_final_model(engine, os.path.join(run_dir, "model"), cfg.distributed.zero_stage, rank)
+        save_final_model(engine, os.path.join(run_dir, "model"), cfg.distributed.zero_stage, rank, cfg)
         if rank == 0:
             plot_losses(run_dir)
     summary = {"exit": exit_reason, "global_step": state.global_step, "samples_seen": state.samples_seen,

@@ -10,19 +10,19 @@ The ground truth for the baseline is read straight from the shards' JSON (not fr
 from __future__ import annotations
 
 import json
-import os
 import tarfile
 from collections import Counter
 
 import yaml
 
-from mplug_pretrain.config import REPO_ROOT, config_from_dict
+from mplug_pretrain.config import config_from_dict
 from mplug_pretrain.config_loader import deep_merge
 from mplug_pretrain.data.urls import all_shards, expand_sources
 from mplug_pretrain.errors import DataError
 from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa
+from mplug_pretrain.resources import config_file
 
-DEMO_CONFIG = os.path.join(REPO_ROOT, "configs", "vqa_demo.yaml")
+DEMO_CONFIG = config_file("vqa_demo.yaml")
 
 
 def read_vqa_answers(urls: str) -> dict:

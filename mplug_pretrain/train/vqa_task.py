@@ -141,17 +141,15 @@ def run(cfg: Config, resume: str | None = None) -> dict:
 
 def _evaluate_final_model(cfg: Config, tokenizer) -> dict:
     """Rank 0 reloads <run_dir>/model (full precision, whatever the ZeRO stage) and evaluates it."""
-    import torch.distributed as dist
-
     from mplug_pretrain.eval.vqa_task import evaluate_model
     from mplug_pretrain.models.mplug import MPLUG
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    from mplug_pretrain.process_group import rank
+    from mplug_pretrain.train.distributed import barrier
     metrics: dict = {}
-    if rank == 0:
+    if rank() == 0:
         model_dir = os.path.join(cfg.run_dir, "model")
         model = MPLUG.from_pretrained(model_dir)
         metrics = evaluate_model(model, cfg, tokenizer, os.path.join(cfg.run_dir, "metrics.json"),
                                  checkpoint=model_dir)
-    if dist.is_initialized():
-        dist.barrier()
+    barrier()
     return metrics
