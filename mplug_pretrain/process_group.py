@@ -18,6 +18,12 @@ def world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
+def barrier() -> None:
+    """Waits for every rank; a no-op in a single process."""
+    if is_distributed():
+        dist.barrier()
+
+
 def device() -> torch.device:
     """The GPU this rank uses (init_distributed set it from LOCAL_RANK), else the CPU."""
     if torch.cuda.is_available():

@@ -25,11 +25,11 @@ import json
 import os
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from mplug_pretrain.config import Config, StageConfig
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.process_group import barrier, rank
 from mplug_pretrain.train.caption_data import CaptionImageFormat, CaptionText, load_references, prompt_ids
 from mplug_pretrain.train.caption_losses import scst_batch_loss, xe_batch_loss
 from mplug_pretrain.train.caption_model import captioner, load_caption_model, training_image_size
@@ -56,24 +56,15 @@ def stage_config(cfg: Config, index: int, stage: StageConfig, init_from: str) ->
     return dataclasses.replace(cfg, optim=optim, data=data, run=run, init_from=init_from)
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 def _random_init(cfg: Config, image_size: int) -> str:
     """No init_from: one seeded random captioner saved to <run dir>/0_init/model, shared by every stage."""
     folder = os.path.join(cfg.run_dir, "0_init", "model")
-    if _rank() == 0 and not os.path.isfile(os.path.join(folder, "model.safetensors")):
+    if rank() == 0 and not os.path.isfile(os.path.join(folder, "model.safetensors")):
         seed_everything(cfg.run.seed)
         model_cfg = copy.deepcopy(cfg.model)
         model_cfg.vision.image_size = image_size
         captioner(model_cfg).save_pretrained(folder)
-    _barrier()
+    barrier()
     return folder
 
 
@@ -197,17 +188,17 @@ def run(cfg: Config, resume: str | None = None) -> dict:
             return {"summary": summary, "stages": stages, "metrics": {}, "model_dir": None}
         record = {"stage": stage.name, "objective": stage.objective, "steps": summary["global_step"],
                   "model_dir": model_dir}
-        if _rank() == 0:
+        if rank() == 0:
             GenerationSettings.from_config(cfg).save(model_dir)
         if c.val_shards and c.stage_cider:
             record.update(_stage_cider(cfg, model_dir, tokenizer))
-            if _rank() == 0:
+            if rank() == 0:
                 print(f"[caption] stage {index + 1}_{stage.name}: held-out CIDEr-D {record['cider_d']:.4f} (beam), "
                       f"{record['sample_cider_d']:.4f} (mean of sampled captions)", flush=True)
-        if _rank() == 0:
+        if rank() == 0:
             with open(done_path, "w") as f:
                 json.dump(record, f, indent=2)
-        _barrier()
+        barrier()
         stages.append(record)
         init_dir = model_dir
     metrics = _final_metrics(cfg, init_dir, tokenizer, stages)
@@ -226,7 +217,7 @@ def _final_metrics(cfg: Config, model_dir: str, tokenizer, stages: list[dict]) -
         model.to("cuda" if torch.cuda.is_available() else "cpu")
         return {**evaluate_model(model, cfg, tokenizer, cfg.caption.val_shards, out, checkpoint=model_dir,
                                  extra=per_stage), **per_stage}
-    if _rank() == 0:
+    if rank() == 0:
         with open(out, "w") as f:
             json.dump({**per_stage, "checkpoint": model_dir}, f, indent=2)
     return per_stage

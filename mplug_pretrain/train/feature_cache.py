@@ -23,9 +23,9 @@ import os
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from mplug_pretrain import process_group
 from mplug_pretrain.data.cached_features import DTYPES, META, cache_key
 from mplug_pretrain.data.epoch_plan import derive_seed
 from mplug_pretrain.data.image_decode import decode_image, decode_json, image_field
@@ -72,17 +72,6 @@ def fingerprint(vit: nn.Module, image_size: int, dtype: str, urls: str) -> tuple
     return h.hexdigest()[:20], described
 
 
-def _rank_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 @torch.no_grad()
 def build_feature_cache(model: nn.Module, urls: str, root: str, image_size: int, dtype: str = "float32",
                         batch_size: int = 32, num_workers: int = 0, device: torch.device | str | None = None,
@@ -97,9 +86,9 @@ def build_feature_cache(model: nn.Module, urls: str, root: str, image_size: int,
     vit = model.image_encoder.vit
     digest, described = fingerprint(vit, image_size, dtype, urls)
     folder = os.path.join(root, digest)
-    rank, world = _rank_world()
+    rank, world = process_group.rank(), process_group.world_size()
     complete = os.path.isfile(os.path.join(folder, META))
-    _barrier()  # nobody writes before every rank has looked
+    process_group.barrier()  # nobody writes before every rank has looked
     if complete:
         return folder
     os.makedirs(folder, exist_ok=True)
@@ -128,7 +117,7 @@ def build_feature_cache(model: nn.Module, urls: str, root: str, image_size: int,
     with open(os.path.join(folder, f"part-{rank:03d}.json"), "w") as f:
         json.dump({"keys": keys, "row_shape": row_shape}, f)
     log(f"[cache] rank {rank}: {len(keys)} images cached ({loader.log_line()})")
-    _barrier()
+    process_group.barrier()
     if rank == 0:
         shapes = []
         for r in range(world):
@@ -143,7 +132,7 @@ def build_feature_cache(model: nn.Module, urls: str, root: str, image_size: int,
             json.dump(meta, f, indent=1)
         os.replace(tmp, os.path.join(folder, META))
         log(f"[cache] complete: {folder}")
-    _barrier()
+    process_group.barrier()
     return folder
 
 

@@ -11,9 +11,9 @@ even where the mode has not moved yet.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from mplug_pretrain import process_group
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.eval.caption_task import gather_to_all
 from mplug_pretrain.models.generation import sample
@@ -25,8 +25,7 @@ def sampled_cider_d(model: nn.Module, loader, tokenizer, prompt: str, device: to
                     max_length: int = 20, seed: int = 0) -> float:
     """Mean CIDEr-D of k sampled captions per real image of ``loader`` (an ``eval_loader``: image, image_id,
     captions, is_pad). ``model`` should be in eval mode; draws come from a generator seeded by (seed, rank)."""
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    generator = torch.Generator(device=device).manual_seed(seed * 1000 + rank)
+    generator = torch.Generator(device=device).manual_seed(seed * 1000 + process_group.rank())
     prompt_ids, prompt_mask = (t.to(device) for t in tokenize(tokenizer, [prompt], 512))
     samples, references = {}, {}  # (image_id, j) -> (text, finished)
     for batch in loader:
