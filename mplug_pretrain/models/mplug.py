@@ -38,6 +38,7 @@ from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
 from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.models.text import TextEncoder
 from mplug_pretrain.models.vision import ImageEncoder, resize_positional_embedding
+from mplug_pretrain.models.weights_file import load_weights_into, save_weights
 
 LOSS_NAMES = ("itc", "itm", "mlm", "prefixlm")
 CONFIG_FILE = "config.json"
@@ -275,8 +276,8 @@ class MPLUG(nn.Module):
 
     # ----------------------------------------------------------------- save / load
     def save_pretrained(self, directory: str) -> None:
-        """Write ``config.json`` and ``model.safetensors`` (all weights incl. momentum copies and ITC queues)."""
-        from safetensors.torch import save_file
+        """Write ``config.json`` and ``model.safetensors`` (all weights incl. momentum copies and ITC queues;
+        a tied decoder's output projection is stored once, under its token embedding's name)."""
         os.makedirs(directory, exist_ok=True)
         config = model_config_to_dict(self.config)
         # the weights below already contain whatever these files initialized
@@ -284,8 +285,7 @@ class MPLUG(nn.Module):
         config["decoder"]["bert_checkpoint"] = None
         with open(os.path.join(directory, CONFIG_FILE), "w") as f:
             json.dump(config, f, indent=2)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
+        save_weights(self, os.path.join(directory, WEIGHTS_FILE))
 
     @classmethod
     def from_pretrained(cls, directory: str, image_size: int | None = None) -> MPLUG:
@@ -302,5 +302,5 @@ class MPLUG(nn.Module):
                 if key in state:
                     state[key] = resize_positional_embedding(state[key], grid)
         model = cls(config)
-        model.load_state_dict(state, strict=True)
+        load_weights_into(model, state, os.path.join(directory, WEIGHTS_FILE))
         return model
