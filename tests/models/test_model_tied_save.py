@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from mplug_pretrain.models.mplug import WEIGHTS_FILE, MPLUG
+from mplug_pretrain.models.mplug import MPLUG, WEIGHTS_FILE
 from mplug_pretrain.models.presets import build_model
 from mplug_pretrain.models.weights_file import tied_aliases
 
