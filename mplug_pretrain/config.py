@@ -143,7 +143,7 @@ class VQAConfig:
     # parts kept frozen (no gradient, eval mode): image_encoder | text_encoder | fusion; [] = mPLUG's full
     # fine-tuning. Freezing all three trains the decoder alone on fixed memories (a fast CPU recipe).
     freeze: list[str] = field(default_factory=list)
-    submission: str | None = None  # test-dev results JSON; default: vqa_submission.json beside the metrics
+    submission: str | None = None  # test-dev results JSON; default: <metrics stem>.vqa_submission.json beside the metrics
 
 
 @dataclass
