@@ -71,7 +71,7 @@ class RunConfig:
     log_every: int = 10
     checkpoint_every_steps: int = 1000
     checkpoint_every_minutes: float = 30.0
-    keep_last: int = 3
+    keep_last: int = 2  # DeepSpeed tags kept in checkpoints/ (tiny: 173 MB each; README, Run folder)
     max_nonfinite_in_row: int = 5
     tensorboard: bool = True
     deterministic: bool = False
