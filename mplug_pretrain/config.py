@@ -222,6 +222,8 @@ def config_from_dict(raw: dict, check_paths: bool = True) -> Config:
         except KeyError as err:
             raise ConfigError(f"model.preset: unknown preset {preset!r}") from err
     cfg = build_dataclass(Config, raw, "", base=cfg)
+    from mplug_pretrain.models.bert_init import follow_bert_checkpoints
+    follow_bert_checkpoints(cfg.model, raw.get("model") or {})  # sizes + compatibility, before any heavy work
     validate(cfg, check_paths=check_paths)
     return cfg
 

@@ -36,7 +36,7 @@ from mplug_pretrain.models.heads.lm_head import LMPredictionHead
 from mplug_pretrain.models.heads.mlm import mask_tokens, mlm_loss
 from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
 from mplug_pretrain.models.model_config import ModelConfig
-from mplug_pretrain.models.text import TextEncoder
+from mplug_pretrain.models.text import TextEncoder, pool_text
 from mplug_pretrain.models.vision import ImageEncoder, resize_positional_embedding
 from mplug_pretrain.models.weights_file import load_weights_into, save_weights
 
@@ -104,7 +104,11 @@ class MPLUG(nn.Module):
         nn.init.normal_(self.text_encoder.embeddings.word_embeddings.weight, std=0.1)
 
     def _load_pretrained_parts(self) -> None:
-        from mplug_pretrain.models.bert_init import init_decoder_from_bert, init_text_from_bert
+        from mplug_pretrain.models.bert_init import (
+            init_decoder_from_bert,
+            init_text_from_bert,
+            warn_if_text_features_collapse,
+        )
         from mplug_pretrain.models.vision_checkpoint import load_vision_checkpoint
         v = self.config.vision
         if v.checkpoint_path:
@@ -112,6 +116,8 @@ class MPLUG(nn.Module):
         self.init_report: dict = {}
         if self.config.text.bert_checkpoint:
             self.init_report["text"] = init_text_from_bert(self, self.config.text.bert_checkpoint)
+            warn_if_text_features_collapse(self.text_encoder, self.config.itc_pooling,
+                                           self.config.text.bert_checkpoint)
         if self.config.decoder.bert_checkpoint:
             if not isinstance(self.decoder, BertDecoder):
                 raise ConfigError(f"model.decoder.bert_checkpoint: only the bert decoder loads BERT weights, "
@@ -168,7 +174,7 @@ class MPLUG(nn.Module):
         image_states = self.encode_image(image)
         text_states = self.encode_text(ids, mask)
         image_feat = self.itc.image_features(image_states[:, 0])
-        text_feat = self.itc.text_features(text_states[:, 0])
+        text_feat = self.itc.text_features(pool_text(text_states, mask, self.config.itc_pooling))
         image_feat_m, text_feat_m = self._momentum_features(image, ids, mask, image_feat, text_feat)
         losses = {}
         if weights["itc"]:
@@ -197,7 +203,8 @@ class MPLUG(nn.Module):
         if self.image_encoder_m is None:
             return image_feat.detach(), text_feat.detach()
         image_m = self.itc.image_features(self.image_encoder_m(image)[:, 0], momentum=True)
-        text_m = self.itc.text_features(self.text_encoder_m(ids, mask)[:, 0], momentum=True)
+        text_m = self.itc.text_features(pool_text(self.text_encoder_m(ids, mask), mask, self.config.itc_pooling),
+                                        momentum=True)
         return image_m, text_m
 
     def _itm_loss(self, image_states: torch.Tensor, text_states: torch.Tensor, mask: torch.Tensor,
