@@ -51,7 +51,8 @@ def _join_continuations(lines: list[str]) -> list[str]:
 
 
 def config_comment_commands(path: str) -> list[str]:
-    comments = [line[1:] for line in open(path, encoding="utf-8") if line.startswith("#")]
+    with open(path, encoding="utf-8") as f:
+        comments = [line[1:] for line in f if line.startswith("#")]
     commands: list[str] = []
     block: list[str] = []
     base = ""  # the last full command: a `... k=v` line extends it
@@ -74,7 +75,8 @@ def config_comment_commands(path: str) -> list[str]:
 
 
 def readme_commands(path: str) -> list[str]:
-    lines = open(path, encoding="utf-8").read().splitlines()
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
     commands, i = [], 0
     while i < len(lines):
         if lines[i].startswith("    mplug "):
