@@ -130,7 +130,8 @@ def _karpathy(images: list[tuple[str, str, int, str]]) -> dict:
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    """A folder with the inputs the documented commands name, written tiny."""
+    """A folder with the inputs the documented commands name, written tiny. Not data/coco/ (retrieval_coco.yaml's
+    full-size default): a recipe that swaps it for shards must not depend on it."""
     from mplug_pretrain.models.presets import build_model
     root = tmp_path_factory.mktemp("documented")
     demo = ensure_demo_shards(os.path.join(REPO_ROOT, "data_shards"))
@@ -143,10 +144,8 @@ def workspace(tmp_path_factory):
               ("val2014", "COCO_val2014_000000000003.jpg", 3, "test")]
     for folder, name, cid, _ in images:
         _write_jpeg(str(root / "COCO" / folder / name), cid)
-        _write_jpeg(str(root / "data" / "coco" / folder / name), cid)
         _write_jpeg(str(root / "train2014" / name), cid)
     _write_json(str(root / "dataset_coco.json"), _karpathy(images))
-    _write_json(str(root / "data" / "coco" / "dataset_coco.json"), _karpathy(images))
     questions = [{"question_id": cid * 10, "image_id": cid, "question": "what is it?"} for _, _, cid, _ in images]
     answers = [{"question_id": cid * 10, "image_id": cid, "answer_type": "other", "question_type": "what",
                 "multiple_choice_answer": "cat", "answers": [{"answer": "cat", "answer_id": k} for k in range(10)]}
