@@ -6,7 +6,7 @@
     memory = [V'; L'] with the concatenated mask --decoder--> next-token logits
 
 Pretraining ``forward(batch)`` computes, sharing one image encoding:
-    ITC on (V[:,0], L[:,0]) with momentum encoders, queues and distillation   (heads/itc.py)
+    ITC on (V[:,0], L[:,0] or the masked token mean: itc_pooling) + momentum, queues, distillation (heads/itc.py)
     ITM on the fused text [CLS] of 3B pairs with hard negatives                (heads/itm.py)
     MLM on the fused masked text                                               (heads/mlm.py)
     PrefixLM: decoder continues the caption from fuse(V, prefix)               (heads/prefix_lm.py)
