@@ -72,7 +72,7 @@ class RunConfig:
     log_every: int = 10
     checkpoint_every_steps: int = 1000
     checkpoint_every_minutes: float = 30.0
-    keep_last: int = 3
+    keep_last: int = 2  # DeepSpeed tags kept in checkpoints/ (tiny: 173 MB each; README, Run folder)
     max_nonfinite_in_row: int = 5
     tensorboard: bool = True
     deterministic: bool = False
@@ -144,7 +144,7 @@ class VQAConfig:
     # parts kept frozen (no gradient, eval mode): image_encoder | text_encoder | fusion; [] = mPLUG's full
     # fine-tuning. Freezing all three trains the decoder alone on fixed memories (a fast CPU recipe).
     freeze: list[str] = field(default_factory=list)
-    submission: str | None = None  # test-dev results JSON; default: vqa_submission.json beside the metrics
+    submission: str | None = None  # test-dev results JSON; default: <metrics stem>.vqa_submission.json beside the metrics
 
 
 @dataclass
@@ -223,6 +223,8 @@ def config_from_dict(raw: dict, check_paths: bool = True) -> Config:
         except KeyError as err:
             raise ConfigError(f"model.preset: unknown preset {preset!r}") from err
     cfg = build_dataclass(Config, raw, "", base=cfg)
+    from mplug_pretrain.models.bert_init import follow_bert_checkpoints
+    follow_bert_checkpoints(cfg.model, raw.get("model") or {})  # sizes + compatibility, before any heavy work
     validate(cfg, check_paths=check_paths)
     return cfg
 

@@ -28,11 +28,43 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+class CommandLineValue(str):
+    """The text of a ``key=value`` override, remembering its YAML reading (``.parsed``). A field typed str
+    gets the text as typed (``eval.video_name_format={}`` stays "{}", ``run.name=007`` stays "007");
+    every other field gets the YAML reading (``optim.lr_rest=3e-5`` -> 3e-05, ``x=null`` -> None)."""
+
+    parsed: Any
+
+    def __new__(cls, text: str, parsed: Any) -> CommandLineValue:  # noqa: PYI034 (3.10 has no typing.Self)
+        obj = super().__new__(cls, text)
+        obj.parsed = parsed
+        return obj
+
+
+def _admits_str(tp: Any) -> bool:
+    return tp is str or (get_origin(tp) in _UNIONS and str in get_args(tp))
+
+
+def plain(value: Any) -> Any:
+    """Command-line values inside containers (dict / list fields) -> their YAML readings."""
+    if isinstance(value, CommandLineValue):
+        return plain(value.parsed)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
 def coerce(value: Any, tp: Any, field: str) -> Any:
     """Check ``value`` against the annotation ``tp``; ints are accepted for floats, lists for tuples."""
+    if isinstance(value, CommandLineValue):
+        if value.parsed is not None and not isinstance(value.parsed, str) and _admits_str(tp):
+            return str(value)  # a str field keeps the text as typed, not YAML's reading of it
+        return coerce(value.parsed, tp, field)
     origin = get_origin(tp)
     if tp is Any:
-        return value
+        return plain(value)
     if origin in _UNIONS:
         args = get_args(tp)
         if value is None and _NONE in args:
@@ -84,8 +116,8 @@ def coerce(value: Any, tp: Any, field: str) -> Any:
     if tp is dict or origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{field}: expected a mapping, got {type(value).__name__} {value!r}")
-        return dict(value)
-    return value
+        return plain(dict(value))
+    return plain(value)
 
 
 def build_dataclass(cls: type, values: dict, prefix: str, base: Any = None) -> Any:
@@ -111,7 +143,8 @@ def _join(prefix: str, name: str) -> str:
 
 
 def parse_overrides(items: list[str]) -> dict:
-    """``["optim.lr_rest=3e-5", "run.name=x"]`` -> nested dict; values parsed as YAML scalars."""
+    """``["optim.lr_rest=3e-5", "run.name=x"]`` -> nested dict of ``CommandLineValue``: the text as typed
+    plus its YAML reading; ``coerce`` picks one by the field's type."""
     nested: dict = {}
     for item in items:
         if "=" not in item:
@@ -121,6 +154,7 @@ def parse_overrides(items: list[str]) -> dict:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
+        value = CommandLineValue(raw, value)
         node = nested
         parts = key.strip().split(".")
         for part in parts[:-1]:

@@ -3,10 +3,13 @@
 
     mplug submit pretrain --nodes 4 --gpus-per-node 8 --time 24:00:00 --partition gpu \\
         --config configs/pretrain_base.yaml distributed.precision=bf16 distributed.zero_stage=2
-    mplug submit eval caption,retrieval --checkpoint runs/a/export runs/b/export --nodes 1 ... --config FILE
+    mplug submit eval caption,retrieval --nodes 1 --time 02:00:00 --config FILE \\
+        --checkpoint runs/a/model runs/b/model eval.batch_size=64
 
 Eval submits a job array: one array task per (task, checkpoint) pair, in that order, each writing
-``<run_dir>/eval/<index>-<task>-<checkpoint name>.json`` (passed to ``mplug eval`` as ``--out``).
+``<run_dir>/eval/<index>-<task>-<checkpoint label>.json`` (passed to ``mplug eval`` as ``--out``), the label
+naming the checkpoint's run and step (``checkpoint_label``). ``key=value`` words after ``--checkpoint``
+that are not existing paths are overrides, not checkpoints.
 The script layout and the preemption protocol are described in :mod:`mplug_pretrain.slurm_script`.
 """
 
@@ -55,7 +58,7 @@ def add_submit_parser(subparsers) -> None:
                 action="extend",
                 required=True,
                 metavar="DIR",
-                help="checkpoint folder(s); put key=value overrides before this option",
+                help="model folder(s); key=value words after them (not existing paths) are config overrides",
             )
             p.add_argument("--array", default=None, help="a subset of the array indices, e.g. 0-3%%2")
         _add_job_options(p)
@@ -85,14 +88,39 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, passed on verbatim")
 
 
-def _checkpoint_label(path: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(os.path.normpath(path))) or "checkpoint"
+def checkpoint_label(path: str) -> str:
+    """A file-name-safe label for a model folder: ``<run>-<step tag>`` for a run's ``model/`` (or any folder
+    directly inside a run folder, one holding ``config.yaml``), the tag read from the run's
+    ``checkpoints/latest``; otherwise ``<parent>-<folder>``. ``runs/a/model`` -> ``a-step20``."""
+    from mplug_pretrain.train.checkpoint import read_latest
+
+    folder = os.path.abspath(path)
+    parent = os.path.dirname(folder)
+    if os.path.isfile(os.path.join(parent, "config.yaml")):
+        tag = read_latest(os.path.join(parent, "checkpoints"))
+        label = f"{os.path.basename(parent)}-{tag or os.path.basename(folder)}"
+    else:
+        label = f"{os.path.basename(parent)}-{os.path.basename(folder)}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", label).strip("-") or "checkpoint"
+
+
+def split_checkpoint_overrides(args: argparse.Namespace) -> None:
+    """``--checkpoint A B eval.x=y``: argparse hands ``eval.x=y`` to ``--checkpoint``; move every word that
+    holds '=' and is not an existing path to ``args.overrides`` (after the ones given before)."""
+    checkpoints, overrides = [], []
+    for word in args.checkpoint:
+        (overrides if "=" in word and not os.path.exists(word) else checkpoints).append(word)
+    if not checkpoints:
+        raise ConfigError("--checkpoint: no model folder given (only key=value overrides followed it)")
+    args.checkpoint, args.overrides = checkpoints, [*args.overrides, *overrides]
 
 
 def build_job(kind: str, args: argparse.Namespace) -> SlurmJob:
     """Validates the config (with its overrides) and the options; returns the job to render."""
     from mplug_pretrain.config import load_config
 
+    if kind == "eval":
+        split_checkpoint_overrides(args)
     cfg = load_config(args.config, args.overrides)
     run_dir = os.path.abspath(cfg.run_dir)
     config = os.path.abspath(args.config)
@@ -139,16 +167,12 @@ def _eval_commands(
         )
     checkpoints = [os.path.abspath(c) for c in args.checkpoint]
     for given, path in zip(args.checkpoint, checkpoints):
-        if "=" in given and not os.path.exists(path):
-            raise ConfigError(
-                f"--checkpoint: {given!r} looks like an override; put key=value before --checkpoint"
-            )
         if not os.path.exists(path):
             raise ConfigError(f"--checkpoint: {given!r} does not exist")
     commands = []
     for task in tasks:
         for checkpoint in checkpoints:
-            out = f"{run_dir}/eval/{len(commands)}-{task}-{_checkpoint_label(checkpoint)}.json"
+            out = f"{run_dir}/eval/{len(commands)}-{task}-{checkpoint_label(checkpoint)}.json"
             argv = ("eval", task, "--config", config, "--checkpoint", checkpoint, "--out", out)
             commands.append((*program, *argv, *overrides))
     return commands

@@ -7,7 +7,7 @@
     scores    BLEU-1..4, METEOR, ROUGE-L, CIDEr (pycocoevalcap, raw scale: x100 for the papers' tables),
               SPICE where its Stanford CoreNLP jars are present, else one log line saying it was skipped
     files     the metrics JSON (``out`` | eval.output | <run_dir>/metrics_caption.json) and, beside it,
-              caption_predictions.json in the COCO results format [{"image_id", "caption"}]
+              <out stem>.caption_predictions.json in the COCO results format [{"image_id", "caption"}]
 The split: ``eval.shards``, else ``caption.val_shards`` (image-layout shards: json.captions = references).
 Under torch.distributed every rank captions its share of the images; rank 0 scores.
 ``fast_cider_d`` is the Java-free check used between training stages: our CIDEr-D (equal to
@@ -24,6 +24,7 @@ from torch import nn
 
 from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.eval.output_paths import beside_metrics
 from mplug_pretrain.json_files import write_json_atomic
 from mplug_pretrain.models.generation_settings import GENERATION_FILE, GenerationSettings  # noqa: F401 (re-export)
 from mplug_pretrain.models.inference import caption_images, decode_captions  # noqa: F401 (re-export)
@@ -93,7 +94,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
     metrics: dict = {}
     if _rank() == 0:
         metrics = evaluate_captions(predictions, references, spice="auto")
-        predictions_path = os.path.join(os.path.dirname(os.path.abspath(out)), "caption_predictions.json")
+        predictions_path = beside_metrics(out, "caption_predictions.json")
         write_caption_results(predictions, predictions_path)
         report = {**metrics, **(extra or {}), "num_images": len(predictions), "shards": shards,
                   "checkpoint": checkpoint, "predictions": predictions_path, "generation": asdict(settings),

@@ -3,7 +3,7 @@
 Two-stage protocol of mPLUG §5.2.3 (after ALBEF), used zero-shot for video in §5.4.2:
   1. unimodal embeddings: visual states V_i [L, D] and f_v,i = itc.image_features(V_i[0]) (a video's
      states and feature come from ``video_encoding``); text states T_j [T, D] and
-     f_l,j = itc.text_features(T_j[0]); ITC similarity s_ij = f_v,i . f_l,j (cosine, no temperature).
+     f_l,j = itc.text_features(pool(T_j)) (pool = [CLS] or masked mean, model.itc_pooling); ITC similarity s_ij = f_v,i . f_l,j (cosine, no temperature).
   2. for each visual item its k most ITC-similar texts, and for each text its k most similar visual
      items, are re-scored by ITM: itm_ij = itm_head(fuse(V_i, T_j)[text CLS])[1] (the "match" logit);
      the final score is itm_ij ("itm": ALBEF, mPLUG image retrieval) or itm_ij + s_ij ("itm+itc":
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from mplug_pretrain.eval.retrieval_metrics import rerank_topk, retrieval_recall
+from mplug_pretrain.models.text import pool_text
 
 RerankScore = Literal["itc", "itm", "itm+itc"]
 RERANK_SCORES = ("itc", "itm", "itm+itc")
@@ -76,7 +77,8 @@ def embed_texts(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, ba
         mask = attention_mask[start:start + batch_size].to(device)
         encoded = model.encode_text(ids, mask)
         states.append(encoded)
-        features.append(model.itc.text_features(encoded[:, 0]).float())
+        pooled = pool_text(encoded, mask, getattr(model.config, "itc_pooling", "cls"))
+        features.append(model.itc.text_features(pooled).float())
     return TextBank(torch.cat(states), attention_mask.to(device), torch.cat(features))
 
 

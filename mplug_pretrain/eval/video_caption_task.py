@@ -13,16 +13,16 @@ Scores (``eval.caption_metrics``): "coco" = pycocoevalcap BLEU-1..4, METEOR, ROU
 jars are present; "cider" = CIDEr alone (the paper's metric; PTB tokenizer + pycocoevalcap Cider, without the
 slow METEOR run). Raw scale (x100 for Table 10), on the videos that have references (the VATEX public test
 has none: then only the predictions are written). Files: the metrics JSON and, beside it,
-``video_caption_predictions.json`` ([{"image_id": video id, "caption"}], the COCO results format).
+``<metrics stem>.video_caption_predictions.json`` ([{"image_id": video id, "caption"}], the COCO results format).
 """
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from mplug_pretrain.errors import DataError
+from mplug_pretrain.eval.output_paths import beside_metrics
 from mplug_pretrain.eval.retrieval_task import autocast_context, load_eval_model, metrics_path, write_metrics
 from mplug_pretrain.eval.video_encoding import SkipReport, encoded_batches, frame_spec, video_record_batches
 from mplug_pretrain.eval.video_retrieval_task import read_caption_annotations
@@ -78,7 +78,7 @@ def run(cfg, checkpoint: str, out: str | None = None) -> dict:
     if not predictions:
         raise DataError(f"no video could be captioned ({skipped.total} skipped: {dict(skipped.reasons)})")
     path = metrics_path(cfg, "video-caption", out)
-    predictions_path = os.path.join(os.path.dirname(os.path.abspath(path)), "video_caption_predictions.json")
+    predictions_path = beside_metrics(path, "video_caption_predictions.json")
     write_caption_results(predictions, predictions_path)
     scored = {v: c for v, c in predictions.items() if references[v]}
     scored_refs = {v: references[v] for v in scored}

@@ -16,18 +16,18 @@ the question, then the answer by ``eval.qa_inference``:
 Accuracy = % of questions whose prediction equals the answer (stripped, lower-cased; mPLUG compares the
 strings exactly), over the answered questions: those of skipped videos are left out (``num_questions``
 counts the answered ones, ``videos_skipped`` the videos).
-Files: the metrics JSON and ``video_qa_predictions.json`` beside it.
+Files: the metrics JSON and ``<its stem>.video_qa_predictions.json`` beside it.
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
 from functools import partial
 
 import torch
 
 from mplug_pretrain.errors import ConfigError, DataError
+from mplug_pretrain.eval.output_paths import beside_metrics
 from mplug_pretrain.eval.retrieval_task import autocast_context, load_eval_model, metrics_path, write_metrics
 from mplug_pretrain.eval.video_encoding import SkipReport, encoded_batches, frame_spec, video_record_batches
 
@@ -174,7 +174,7 @@ def run(cfg, checkpoint: str, out: str | None = None) -> dict:
                         f"{dict(skipped.reasons)})")
     correct = sum(normalize(p["prediction"]) == normalize(p["answer"]) for p in predictions)
     path = metrics_path(cfg, "video-qa", out)
-    predictions_path = os.path.join(os.path.dirname(os.path.abspath(path)), "video_qa_predictions.json")
+    predictions_path = beside_metrics(path, "video_qa_predictions.json")
     write_metrics(predictions_path, predictions)
     metrics = {"task": "video-qa", "checkpoint": checkpoint, "accuracy": 100.0 * correct / len(predictions),
                "num_questions": len(predictions), "num_videos": num_videos, **skipped.as_dict("videos"),

@@ -7,7 +7,7 @@
     accuracy  eval/vqa_accuracy.evaluate_vqa with ``vqa.normalization`` over the questions that have human
               answers (test splits have none: then only the submission is written)
     files     the metrics JSON (``out`` | eval.output | <run_dir>/metrics_vqa.json) and the test-dev
-              submission [{"question_id", "answer"}] (vqa.submission | vqa_submission.json beside the metrics)
+              submission [{"question_id", "answer"}] (vqa.submission | <metrics stem>.vqa_submission.json beside the metrics)
 The answer list: ``vqa.answer_list``, else the one the val shards' manifest names (needed by ``rank`` only).
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import nn
 from mplug_pretrain.config import Config, resolve_precision
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.eval.output_paths import beside_metrics
 from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa, write_vqa_submission
 from mplug_pretrain.eval.vqa_ranking import rank_answers
 from mplug_pretrain.json_files import write_json_atomic
@@ -119,7 +120,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, metrics_path: str,
     start = time.time()
     records = answer_questions(predictor, loader, device, _autocast(cfg, device))
     seconds = time.time() - start
-    submission = v.submission or os.path.join(os.path.dirname(os.path.abspath(metrics_path)), "vqa_submission.json")
+    submission = v.submission or beside_metrics(metrics_path, "vqa_submission.json")
     write_vqa_submission([{"question_id": r["question_id"], "answer": r["answer"]} for r in records], submission)
     metrics = {"task": "vqa", "inference": v.inference, **score_records(records, v.normalization),
                "num_questions": len(records), "questions_per_s": len(records) / max(seconds, 1e-9),

@@ -168,3 +168,91 @@ def _report(model: nn.Module, prefixes: tuple[str, ...], copied: list[str]) -> d
     done = set(copied)
     fresh = [n for n, _ in model.named_parameters() if n.startswith(prefixes) and n not in done]
     return {"copied": copied, "not_copied": fresh}
+
+
+# cosine above which the ITC text vectors of different captions count as one vector
+COLLAPSE_COSINE = 0.99
+
+
+def probe_text_spread(text_encoder: nn.Module, pooling: str, vocab_size: int, captions: int = 8,
+                      length: int = 10, seed: int = 0) -> float:
+    """Mean pairwise cosine of the pooled text states of ``captions`` distinct random word sequences
+    ([CLS] w_1 .. w_n [SEP], ids from BERT's word-piece range 1000+): near 1 when the pooled vector
+    ignores the words. Eval mode, no gradient; the encoder's mode is restored."""
+    from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID
+    from mplug_pretrain.models.text import pool_text
+    g = torch.Generator().manual_seed(seed)
+    device = next(text_encoder.parameters()).device
+    ids = torch.randint(min(1000, vocab_size - 1), vocab_size, (captions, length), generator=g)
+    ids[:, 0], ids[:, -1] = BOS_ID, EOS_ID
+    mask = torch.ones_like(ids)
+    was_training = text_encoder.training
+    text_encoder.eval()
+    with torch.no_grad():
+        pooled = pool_text(text_encoder(ids.to(device), mask.to(device)), mask.to(device), pooling).float()
+    text_encoder.train(was_training)
+    unit = torch.nn.functional.normalize(pooled, dim=-1)
+    sims = unit @ unit.t()
+    return float((sims.sum() - sims.diagonal().sum()) / (captions * (captions - 1)))
+
+
+def warn_if_text_features_collapse(text_encoder: nn.Module, pooling: str, path: str) -> float:
+    """Log a warning when different captions get (nearly) the same ITC text vector; returns the cosine."""
+    import logging
+    cosine = probe_text_spread(text_encoder, pooling, text_encoder.embeddings.word_embeddings.num_embeddings)
+    if cosine > COLLAPSE_COSINE:
+        logging.getLogger(__name__).warning(
+            "model.text.bert_checkpoint: %s: the text encoder's %s vectors of different captions have mean "
+            "cosine %.4f; ITC cannot tell captions apart from them. Set model.itc_pooling=mean (masked mean of "
+            "the tokens)", path,
+            "[CLS]" if pooling == "cls" else "mean-pooled", cosine)
+    return cosine
+
+
+# our field -> the BERT config.json key it must equal
+BERT_SIZE_KEYS = {"width": "hidden_size", "heads": "num_attention_heads", "ffn_dim": "intermediate_size",
+                  "vocab_size": "vocab_size"}
+
+
+def read_bert_config(path: str) -> dict:
+    """``config.json`` of a BERT folder (no weights read): cheap enough for config validation."""
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise ConfigError(f"{path}: no config.json (expected a transformers BERT folder)")
+    with open(config_file) as f:
+        return json.load(f)
+
+
+def follow_bert_checkpoints(model_cfg, explicit: dict, prefix: str = "model") -> None:
+    """Sizes from the BERT checkpoints' config.json, checked at config time (before any model or DeepSpeed).
+
+    With ``text.bert_checkpoint``: text.width / heads / ffn_dim / vocab_size become the checkpoint's (fusion
+    and decoder share the text width); with ``decoder.bert_checkpoint`` also decoder.heads / ffn_dim. A size
+    the user set explicitly (``explicit``: the raw ``model`` mapping of the YAML + overrides) that differs
+    raises ConfigError, as do too many text layers and an activation other than gelu."""
+    t, d = model_cfg.text, model_cfg.decoder
+    explicit_text = (explicit.get("text") or {}) if isinstance(explicit, dict) else {}
+    explicit_decoder = (explicit.get("decoder") or {}) if isinstance(explicit, dict) else {}
+    sources = [("text", t, t.bert_checkpoint, explicit_text, ("width", "heads", "ffn_dim", "vocab_size")),
+               ("decoder", d, d.bert_checkpoint, explicit_decoder, ("heads", "ffn_dim"))]
+    for section, target, path, given, names in sources:
+        if not path or not os.path.isdir(path):
+            continue  # no checkpoint, or a missing folder: ModelConfig.validate names it
+        bert = read_bert_config(path)
+        field = f"{prefix}.{section}.bert_checkpoint"
+        if bert.get("hidden_act", "gelu") != "gelu":
+            raise ConfigError(f"{field}: {path} uses hidden_act={bert['hidden_act']!r}; only 'gelu' is supported")
+        for name in names:
+            theirs = bert.get(BERT_SIZE_KEYS[name])
+            if theirs is None or getattr(target, name) == theirs:
+                continue
+            if name in given:
+                raise ConfigError(f"{prefix}.{section}.{name}: {getattr(target, name)} but {path} has "
+                                  f"{BERT_SIZE_KEYS[name]}={theirs}; leave {section}.{name} unset to follow it")
+            setattr(target, name, theirs)
+        if section == "decoder" and bert.get("hidden_size") not in (None, t.width):
+            raise ConfigError(f"{field}: {path} has hidden_size={bert['hidden_size']} but the decoder's width is "
+                              f"the text width {t.width}")
+        depth = bert.get("num_hidden_layers")
+        if section == "text" and depth is not None and t.encoder_layers > depth:
+            raise ConfigError(f"{prefix}.text.encoder_layers: {t.encoder_layers} > the {depth} layers of {path}")

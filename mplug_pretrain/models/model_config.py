@@ -112,6 +112,9 @@ class ModelConfig:
     refiner: VisualRefinerConfig = field(default_factory=VisualRefinerConfig)
     heads: HeadsConfig = field(default_factory=HeadsConfig)
     grad_checkpointing: bool = False
+    # the text vector ITC projects: the [CLS] state (mPLUG) or the masked mean of the caption's tokens
+    # (text.pool_text; for BERT checkpoints whose early-layer [CLS] is the same for every caption)
+    itc_pooling: Literal["cls", "mean"] = "cls"
 
     def validate(self, prefix: str = "model") -> None:
         """Cross-field checks; raises ConfigError naming the dotted field."""

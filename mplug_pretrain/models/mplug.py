@@ -6,7 +6,7 @@
     memory = [V'; L'] with the concatenated mask --decoder--> next-token logits
 
 Pretraining ``forward(batch)`` computes, sharing one image encoding:
-    ITC on (V[:,0], L[:,0]) with momentum encoders, queues and distillation   (heads/itc.py)
+    ITC on (V[:,0], L[:,0] or the masked token mean: itc_pooling) + momentum, queues, distillation (heads/itc.py)
     ITM on the fused text [CLS] of 3B pairs with hard negatives                (heads/itm.py)
     MLM on the fused masked text                                               (heads/mlm.py)
     PrefixLM: decoder continues the caption from fuse(V, prefix)               (heads/prefix_lm.py)
@@ -37,8 +37,9 @@ from mplug_pretrain.models.heads.mlm import mask_tokens, mlm_loss
 from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
 from mplug_pretrain.models.inference import InferenceMixin
 from mplug_pretrain.models.model_config import ModelConfig
-from mplug_pretrain.models.text import TextEncoder
+from mplug_pretrain.models.text import TextEncoder, pool_text
 from mplug_pretrain.models.vision import ImageEncoder, resize_positional_embedding
+from mplug_pretrain.models.weights_file import load_weights_into, save_weights
 
 LOSS_NAMES = ("itc", "itm", "mlm", "prefixlm")
 CONFIG_FILE = "config.json"
@@ -104,7 +105,11 @@ class MPLUG(InferenceMixin, nn.Module):
         nn.init.normal_(self.text_encoder.embeddings.word_embeddings.weight, std=0.1)
 
     def _load_pretrained_parts(self) -> None:
-        from mplug_pretrain.models.bert_init import init_decoder_from_bert, init_text_from_bert
+        from mplug_pretrain.models.bert_init import (
+            init_decoder_from_bert,
+            init_text_from_bert,
+            warn_if_text_features_collapse,
+        )
         from mplug_pretrain.models.vision_checkpoint import load_vision_checkpoint
         v = self.config.vision
         if v.checkpoint_path:
@@ -112,6 +117,8 @@ class MPLUG(InferenceMixin, nn.Module):
         self.init_report: dict = {}
         if self.config.text.bert_checkpoint:
             self.init_report["text"] = init_text_from_bert(self, self.config.text.bert_checkpoint)
+            warn_if_text_features_collapse(self.text_encoder, self.config.itc_pooling,
+                                           self.config.text.bert_checkpoint)
         if self.config.decoder.bert_checkpoint:
             if not isinstance(self.decoder, BertDecoder):
                 raise ConfigError(f"model.decoder.bert_checkpoint: only the bert decoder loads BERT weights, "
@@ -178,7 +185,7 @@ class MPLUG(InferenceMixin, nn.Module):
         image_states = self.encode_image(image)
         text_states = self.encode_text(ids, mask)
         image_feat = self.itc.image_features(image_states[:, 0])
-        text_feat = self.itc.text_features(text_states[:, 0])
+        text_feat = self.itc.text_features(pool_text(text_states, mask, self.config.itc_pooling))
         image_feat_m, text_feat_m = self._momentum_features(image, ids, mask, image_feat, text_feat)
         losses = {}
         if weights["itc"]:
@@ -208,7 +215,8 @@ class MPLUG(InferenceMixin, nn.Module):
         if self.image_encoder_m is None:
             return image_feat.detach(), text_feat.detach()
         image_m = self.itc.image_features(self.image_encoder_m(image)[:, 0], momentum=True)
-        text_m = self.itc.text_features(self.text_encoder_m(ids, mask)[:, 0], momentum=True)
+        text_m = self.itc.text_features(pool_text(self.text_encoder_m(ids, mask), mask, self.config.itc_pooling),
+                                        momentum=True)
         return image_m, text_m
 
     def _itm_loss(self, image_states: torch.Tensor, text_states: torch.Tensor, mask: torch.Tensor,
@@ -287,8 +295,8 @@ class MPLUG(InferenceMixin, nn.Module):
 
     # ----------------------------------------------------------------- save / load
     def save_pretrained(self, directory: str) -> None:
-        """Write ``config.json`` and ``model.safetensors`` (all weights incl. momentum copies and ITC queues)."""
-        from safetensors.torch import save_file
+        """Write ``config.json`` and ``model.safetensors`` (all weights incl. momentum copies and ITC queues;
+        a tied decoder's output projection is stored once, under its token embedding's name)."""
         os.makedirs(directory, exist_ok=True)
         config = model_config_to_dict(self.config)
         # the weights below already contain whatever these files initialized
@@ -296,8 +304,7 @@ class MPLUG(InferenceMixin, nn.Module):
         config["decoder"]["bert_checkpoint"] = None
         with open(os.path.join(directory, CONFIG_FILE), "w") as f:
             json.dump(config, f, indent=2)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, os.path.join(directory, WEIGHTS_FILE), metadata={"format": "pt"})
+        save_weights(self, os.path.join(directory, WEIGHTS_FILE))
 
     @classmethod
     def from_pretrained(cls, directory: str, image_size: int | None = None) -> MPLUG:
@@ -314,5 +321,5 @@ class MPLUG(InferenceMixin, nn.Module):
                 if key in state:
                     state[key] = resize_positional_embedding(state[key], grid)
         model = cls(config)
-        model.load_state_dict(state, strict=True)
+        load_weights_into(model, state, os.path.join(directory, WEIGHTS_FILE))
         return model

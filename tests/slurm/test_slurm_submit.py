@@ -100,7 +100,7 @@ def test_eval_array_covers_every_task_and_checkpoint(
     run_dir = tmp_path / "runs" / "tiny_run"
     expected = []
     for task in ("caption", "vqa"):
-        for checkpoint, label in zip(checkpoints, ("step_100", "step_200")):
+        for checkpoint, label in zip(checkpoints, (f"{tmp_path.name}-step_100", f"{tmp_path.name}-step_200")):
             out = f"{run_dir}/eval/{len(expected)}-{task}-{label}.json"
             expected.append(
                 [
@@ -148,8 +148,11 @@ def test_eval_checkpoint_errors(tmp_path, submit_config, capsys):
     assert main([*base, "--checkpoint", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
     os.mkdir(tmp_path / "ckpt")
-    assert main([*base, "--checkpoint", str(tmp_path / "ckpt"), "eval.num_frames=4"]) == 2
-    assert "put key=value before --checkpoint" in capsys.readouterr().err
+    assert main([*base, "--checkpoint", str(tmp_path / "ckpt"), "eval.no_such_field=4"]) == 2
+    err = capsys.readouterr().err  # an override after --checkpoint is read as one, and checked as one
+    assert "eval.no_such_field" in err and "does not exist" not in err
+    assert main([*base, "--checkpoint", "eval.num_frames=4"]) == 2
+    assert "no model folder given" in capsys.readouterr().err
     assert main([*base, "--checkpoint", str(tmp_path / "ckpt"), "--array", "0-1"]) == 2
     assert "beyond the 1 evaluations" in capsys.readouterr().err
     assert (
@@ -170,3 +173,36 @@ def test_eval_checkpoint_errors(tmp_path, submit_config, capsys):
         == 2
     )
     assert "tasks:" in capsys.readouterr().err
+
+
+def test_overrides_after_checkpoint_reach_every_command(tmp_path, submit_config, capsys):
+    """`--checkpoint A B eval.x=y` (issue 20): the override is passed on, not taken for a third folder."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    script = _dry_run(capsys, ["eval", "caption", "--time", "01:00:00", "--config", submit_config,
+                               "--checkpoint", str(a), str(b), "eval.num_frames=4", "eval.batch_size=3"])
+    commands = [line for line in script.splitlines() if " eval caption " in line]
+    assert len(commands) == 2, script
+    for command, folder in zip(commands, (a, b)):
+        assert f"--checkpoint {folder} " in command
+        assert command.rstrip().endswith(" eval.num_frames=4 eval.batch_size=3) ;;"), command
+
+
+def test_array_outputs_are_named_after_the_run_and_step(tmp_path, submit_config, capsys):
+    """Two runs' final ``model/`` folders used to give ``0-caption-model.json`` and ``1-caption-model.json``."""
+    from mplug_pretrain.submit import checkpoint_label
+    folders = []
+    for run, step in (("run_a", 20), ("run_b", 40)):
+        run_dir = tmp_path / "runs" / run
+        (run_dir / "checkpoints" / f"step{step}").mkdir(parents=True)
+        (run_dir / "checkpoints" / "latest").write_text(f"step{step}")
+        (run_dir / "config.yaml").write_text("run:\n  name: x\n")
+        (run_dir / "model").mkdir()
+        folders.append(run_dir / "model")
+    assert [checkpoint_label(str(f)) for f in folders] == ["run_a-step20", "run_b-step40"]
+    exported = tmp_path / "exports" / "best"
+    exported.mkdir(parents=True)
+    assert checkpoint_label(str(exported)) == "exports-best"
+    script = _dry_run(capsys, ["eval", "caption", "--time", "01:00:00", "--config", submit_config,
+                               "--checkpoint", *map(str, folders)])
+    assert "/eval/0-caption-run_a-step20.json" in script and "/eval/1-caption-run_b-step40.json" in script

@@ -82,7 +82,7 @@ def test_caption_metrics_task_equals_pycocoevalcap_called_directly(eval_case, mo
     out = str(tmp_path / "metrics.json")
     metrics = caption_task.run(cfg, checkpoint=model_dir, out=out)
 
-    with open(tmp_path / "caption_predictions.json") as f:
+    with open(tmp_path / "metrics.caption_predictions.json") as f:
         results = json.load(f)
     assert sorted(r["image_id"] for r in results) == sorted(references)  # COCO results format, every image
     predictions = {r["image_id"]: r["caption"] for r in results}

@@ -67,7 +67,7 @@ def test_finetune_caption_cli_runs_xe_then_scst_and_evaluates(tmp_path, small_sh
     for key in ("Bleu_1", "Bleu_4", "METEOR", "ROUGE_L", "CIDEr", "cider_d_xe", "cider_d_scst", "sample_cider_d_xe",
                 "sample_cider_d_scst"):
         assert isinstance(metrics[key], float), key
-    with open(run_dir / "caption_predictions.json") as f:
+    with open(run_dir / "metrics.caption_predictions.json") as f:
         assert len(json.load(f)) == 4
     printed = json.loads(proc.stdout[proc.stdout.index("{\n"):])
     assert printed["CIDEr"] == metrics["CIDEr"]

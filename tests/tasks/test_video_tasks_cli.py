@@ -75,6 +75,7 @@ def test_cli_video_qa(tmp_path, model_dir, videos):
     assert (m["task"], m["num_videos"], m["num_questions"], m["inference"]) == ("video-qa", 96, 384, "rank")
     # the demo questions ask for direction, colour, shape and size: 4 + 6 + 3 + 2 distinct answers
     assert m["answer_list_size"] == 15 and m["answers_outside_list"] == 0
+    assert m["predictions"] == str(tmp_path / "m.video_qa_predictions.json")  # named after --out: no overwrites
     with open(m["predictions"]) as f:
         predictions = json.load(f)
     assert len(predictions) == 384
@@ -89,6 +90,7 @@ def test_cli_video_caption(tmp_path, model_dir, videos):
     assert (m["task"], m["num_videos"], m["num_scored"]) == ("video-caption", 96, 96)
     assert m["prompt"] == "a video of"
     assert m["caption_metrics"] == "cider" and m["CIDEr"] >= 0.0
+    assert m["predictions"] == str(tmp_path / "m.video_caption_predictions.json")  # named after --out
     with open(m["predictions"]) as f:
         assert len(json.load(f)) == 96
 

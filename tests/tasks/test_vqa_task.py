@@ -77,8 +77,8 @@ def test_finetune_cli_trains_saves_and_evaluates(cli_runs):
 def test_submission_answers_every_question_and_scores_as_reported(which, cli_runs, shards):
     folder = cli_runs[which]
     metrics = load(folder / "metrics.json")
-    submission = load(folder / "vqa_submission.json")
-    assert metrics["submission"] == str(folder / "vqa_submission.json")
+    submission = load(folder / "metrics.vqa_submission.json")
+    assert metrics["submission"] == str(folder / "metrics.vqa_submission.json")
     truth = read_vqa_answers(shards["val"])
     assert [row["question_id"] for row in submission] == sorted(truth)
     assert all(set(row) == {"question_id", "answer"} and isinstance(row["answer"], str) for row in submission)
@@ -92,7 +92,7 @@ def test_eval_cli_ranks_within_the_answer_list(cli_runs, shards):
     metrics = load(cli_runs["eval_dir"] / "metrics.json")
     assert metrics["inference"] == "rank" and metrics["normalization"] == "legacy"
     answer_list = load(os.path.join(shards["root"], "val_answer_list.json"))
-    assert {row["answer"] for row in load(cli_runs["eval_dir"] / "vqa_submission.json")} <= set(answer_list)
+    assert {row["answer"] for row in load(cli_runs["eval_dir"] / "metrics.vqa_submission.json")} <= set(answer_list)
 
 
 def test_majority_baseline_counts_training_answers(shards):
