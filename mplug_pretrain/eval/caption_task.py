@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mplug_pretrain import process_group
 from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.eval.output_paths import beside_metrics
@@ -48,7 +49,7 @@ def generate_captions(model: nn.Module, loader, tokenizer, settings: GenerationS
 
 def gather_to_all(predictions: dict, references: dict) -> tuple[dict, dict]:
     """Merge every rank's dicts (no-op in a single process)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if process_group.world_size() == 1:
         return predictions, references
     parts: list = [None] * dist.get_world_size()
     dist.all_gather_object(parts, (predictions, references))
@@ -70,15 +71,11 @@ def fast_cider_d(predictions: dict[int, str], references: dict[int, list[str]]) 
                    [[clean_caption(r) for r in references[i]] for i in ids])[0]
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
 def eval_loader(shards: str, image_size: int, cfg: Config):
     from mplug_pretrain.data.pipeline import build_caption_eval_loader
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     return build_caption_eval_loader(shards, batch_size=cfg.eval.batch_size, image_size=image_size,
-                                     num_workers=cfg.eval.num_workers, rank=_rank(), world_size=world)
+                                     num_workers=cfg.eval.num_workers, rank=process_group.rank(),
+                                     world_size=process_group.world_size())
 
 
 def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: str, checkpoint: str = "",
@@ -92,7 +89,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
     settings = GenerationSettings.from_config(cfg)
     predictions, references = gather_to_all(*generate_captions(model, loader, tokenizer, settings, device))
     metrics: dict = {}
-    if _rank() == 0:
+    if process_group.rank() == 0:
         metrics = evaluate_captions(predictions, references, spice="auto")
         predictions_path = beside_metrics(out, "caption_predictions.json")
         write_caption_results(predictions, predictions_path)
@@ -101,8 +98,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
                   "spice": "computed" if "SPICE" in metrics else "skipped: Stanford CoreNLP 3.6.0 jars missing "
                                                                  "from pycocoevalcap/spice/lib"}
         write_json_atomic(out, report)
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+    process_group.barrier()
     return metrics
 
 
