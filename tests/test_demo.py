@@ -72,3 +72,32 @@ def test_demo_video_retrieval_is_reported_next_to_chance(demo_run):
     _, metrics, stdout = demo_run
     assert 0 <= metrics["video_retrieval_chance"] < 100 and 0 <= metrics["video_retrieval_r1"] <= 100
     assert "video_retrieval_r1" in stdout
+
+
+def test_readme_library_example_runs_on_the_demo_models(demo_run, tmp_path):
+    """The README's 'Use it as a library' example, verbatim, on the folders `mplug demo` really wrote."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from mplug_pretrain.data.synthetic_scenes import render_scene, sample_scene
+    from tests.helpers import REPO_ROOT
+    from tests.test_library_api import readme_library_example
+
+    out, _, _ = demo_run
+    example = readme_library_example()
+    (tmp_path / "runs").mkdir()
+    os.symlink(out, tmp_path / "runs" / "demo")
+    for path in re.findall(r'"(runs/demo/[^"]+)"', example):
+        assert (tmp_path / path / "model.safetensors").is_file(), f"the demo wrote no {path}"
+    for name in re.findall(r'Image\.open\("([^"]+)"\)', example):
+        rng = np.random.default_rng(0)
+        render_scene(sample_scene(rng, 64), rng).save(tmp_path / name)
+    proc = subprocess.run([sys.executable, "-c", example], check=False, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) >= 3, proc.stdout  # similarity, caption, answer
