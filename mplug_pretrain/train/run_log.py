@@ -29,7 +29,7 @@ class RunLog:
             return
         os.makedirs(run_dir, exist_ok=True)
         self.run_dir = run_dir
-        self._file = open(os.path.join(run_dir, "log.jsonl"), "a")
+        self._file = open(os.path.join(run_dir, "log.jsonl"), "a")  # noqa: SIM115 (open for the whole run)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
