@@ -77,6 +77,8 @@ class RunConfig:
     tensorboard: bool = True
     deterministic: bool = False
     inject_nonfinite_at_steps: list[int] = field(default_factory=list)  # testing aid: NaN loss at these steps
+    compile: bool = False  # torch.compile the model (DeepSpeed engine.compile) before training
+    cpu_peak_flops: float | None = None  # FLOP/s to compute MFU against on CPU (None: no MFU on CPU)
 
 
 @dataclass

@@ -26,9 +26,9 @@ def write_report(out_root: str, metrics: dict, records: list[dict]) -> str:
             note = f"{ours / ref:.1f}x the reference"
         lines.append(f"| {title} | {ours:.2f} | {ref if ref is None else f'{ref:.2f}'} ({ref_key}) | {note} |")
     lines += ["", "## Pretraining", "",
-              f"{metrics.get('pretrain_steps', 0)} steps; mean loss of the first 10 steps "
-              f"{metrics.get('pretrain_loss_first10', float('nan')):.3f}, of the last 10 "
-              f"{metrics.get('pretrain_loss_last10', float('nan')):.3f}.", ""]
+              (f"{metrics.get('pretrain_steps', 0)} steps; mean loss of the first 10 steps "
+               f"{metrics.get('pretrain_loss_first10', float('nan')):.3f}, of the last 10 "
+               f"{metrics.get('pretrain_loss_last10', float('nan')):.3f}."), ""]
     if records:
         keys = [k for k in records[0] if k.startswith("loss_")]
         lines += ["| loss | first step | last step |", "|---|---|---|"]

@@ -13,7 +13,12 @@ Rows: preset, ranks, zero_stage, grad_checkpointing, batch_per_rank, step_second
 state_parameters_bytes, state_gradients_bytes, state_optimizer_bytes, state_other_bytes, state_total_bytes,
 state_total_vs_zero0, zero_paper_mixed_precision_bytes (the ZeRO paper's per-rank figure for the same trainable
 parameter count in bf16/fp32 mixed precision, for reference), rss_at_start_mb, parameters, trainable_parameters,
-timed_steps.
+timed_steps, flops_per_sample (train/flops.py, the analytic model FLOPs of one sample of this batch),
+matmul_peak_flops (a 1-thread fp32 1024x1024 matmul's FLOP/s measured on rank 0 just before the case: a CPU has
+no datasheet bf16 peak, so this measured rate stands in for it) and mfu (flops_per_sample x samples_per_s per
+rank / matmul_peak_flops).
+
+On a machine with CUDA the bench runs bench/train_step_gpu.py instead (bf16, base and large, largest batch).
 """
 from __future__ import annotations
 
@@ -71,6 +76,19 @@ def zero_paper_bytes(trainable: int, stage: int, ranks: int) -> int:
     return int({0: 16 * psi, 1: 4 * psi + 12 * psi / k, 2: 2 * psi + 14 * psi / k, 3: 16 * psi / k}[stage])
 
 
+def matmul_peak_flops(n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of an fp32 n x n matmul on this process's threads (median of ``repeats``)."""
+    import torch
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2.0 * n ** 3 / statistics.median(times)
+
+
 def _one_batch(preset: str, batch_size: int) -> dict:
     from mplug_pretrain.data.demo_shards import ensure_demo_shards
     from mplug_pretrain.data.pipeline import build_pretrain_loader
@@ -90,7 +108,8 @@ def _case(setting: str, stage: int, checkpointing: bool, world: int, batch: dict
     from mplug_pretrain.bench.zero_memory import state_bytes
     from mplug_pretrain.config import load_config
     from mplug_pretrain.train.engine import build_engine
-    from mplug_pretrain.train.pretrain import build_model
+    from mplug_pretrain.train.flops import mfu
+    from mplug_pretrain.train.pretrain import build_model, flops_per_sample
     preset = "tiny" if setting == "quick" else setting
     batch_size, warmup, timed = SETTINGS[setting]
     cfg = load_config(None, [f"model.preset={preset}", f"data.batch_size={batch_size}",
@@ -112,6 +131,7 @@ def _case(setting: str, stage: int, checkpointing: bool, world: int, batch: dict
 
     for _ in range(warmup):
         step()
+    peak = matmul_peak_flops()
     times = []
     with RssPeak() as rss:
         for _ in range(timed):
@@ -132,6 +152,9 @@ def _case(setting: str, stage: int, checkpointing: bool, world: int, batch: dict
               for i, k in enumerate(keys)},
            "zero_paper_mixed_precision_bytes": zero_paper_bytes(trainable, stage, world),
            "parameters": n_params, "trainable_parameters": trainable, "timed_steps": timed}
+    row["flops_per_sample"] = flops_per_sample(cfg, batch)
+    row["matmul_peak_flops"] = peak
+    row["mfu"] = mfu(row["flops_per_sample"], batch_size / step_seconds, peak)
     return row
 
 
@@ -151,7 +174,8 @@ def worker(cases: list[list], out: str) -> None:
         if info.rank == 0:
             r = rows[-1]
             print(f"[train-step] {setting} ranks={r['ranks']} zero={stage} ckpt={checkpointing}: "
-                  f"{r['step_seconds']:.3f} s/step, {r['samples_per_s']:.1f} samples/s", flush=True)
+                  f"{r['step_seconds']:.3f} s/step, {r['samples_per_s']:.1f} samples/s, "
+                  f"MFU {100 * r['mfu']:.1f}% of a 1-thread matmul", flush=True)
     if info.rank == 0:
         with open(out, "w") as f:
             json.dump(rows, f)
@@ -184,6 +208,10 @@ def run(out: str, quick: bool = False, base: bool = True) -> dict:
     """quick=True (test suite): tiny preset at batch 4, 2 ranks, ZeRO 0 and 3, one timed step.
     Full: tiny x {1, 2 ranks} x ZeRO {0,1,2,3} x checkpointing {off, on}; base at batch 2 per rank,
     1 rank, ZeRO 2 (the default stage), checkpointing off and on (2 timed steps: on 2 CPU cores a base step is slow)."""
+    import torch
+    if torch.cuda.is_available():
+        from mplug_pretrain.bench.train_step_gpu import run as run_gpu
+        return run_gpu(out, quick=quick)
     rows, load_before = [], os.getloadavg()
     if quick:
         rows += _launch(2, [("quick", 0, False), ("quick", 3, False)], timeout=300)

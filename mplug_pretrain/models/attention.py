@@ -3,6 +3,11 @@
 Masks travel as additive float biases broadcastable to [B, heads, T_query, T_key]: 0 where a key may be
 attended, the dtype's most negative finite value where not. A finite value (not -inf) keeps a row whose
 keys are all masked finite (uniform attention) instead of NaN.
+
+Biases are built in the dtype attention runs in (``attention_dtype``: autocast's bf16 under autocast, else
+fp32), once per stack. An fp32 bias next to bf16 queries would make SDPA's memory-efficient kernel
+ineligible on a GPU (mask and query dtypes must match), cost a cast per layer, and the cast turns
+fp32's most negative value into -inf in bf16 (all-masked rows then give NaN).
 """
 from __future__ import annotations
 
@@ -11,12 +16,27 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def bias_from_keep(keep: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Bool ``keep`` (True = attend) -> additive bias of the same shape."""
+def attention_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of queries and keys here: autocast's when autocast is on for ``device``, else fp32."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return torch.float32
+
+
+def bias_from_keep(keep: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Bool ``keep`` (True = attend) -> additive bias of the same shape (dtype None: ``attention_dtype``)."""
+    dtype = attention_dtype(keep.device) if dtype is None else dtype
     return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, torch.finfo(dtype).min)
 
 
-def key_padding_bias(mask: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+def cast_bias(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``bias`` in ``dtype`` with masked entries at ``dtype``'s most negative finite value (not -inf)."""
+    if bias.dtype == dtype:
+        return bias
+    return bias.to(dtype).nan_to_num(neginf=torch.finfo(dtype).min)
+
+
+def key_padding_bias(mask: torch.Tensor | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """Padding mask [B, S] (1 = real token) -> bias [B, 1, 1, S]; None when nothing is masked.
 
     Returning None for an all-ones mask lets SDPA pick its unmasked (fastest) kernel.
@@ -65,8 +85,8 @@ class MultiHeadAttention(nn.Module):
                 kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         q = self.split_heads(self.query(x))
         k, v = kv if kv is not None else self.keys_values(x if source is None else source)
-        if bias is not None and bias.dtype != q.dtype:  # autocast: projections run in bf16, biases are built in fp32
-            bias = bias.to(q.dtype)
+        if bias is not None and bias.dtype != q.dtype:  # e.g. a bf16 model called without autocast
+            bias = cast_bias(bias, q.dtype)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
                                              dropout_p=self.dropout if self.training else 0.0)
         b, _, t, _ = out.shape

@@ -251,13 +251,14 @@ class MPLUG(InferenceMixin, nn.Module):
     @torch.no_grad()
     def momentum_update(self) -> None:
         """theta_m <- m * theta_m + (1 - m) * theta for every momentum pair (call after each optimizer step)."""
+        from mplug_pretrain.models.momentum import ema_update_
         m = self.config.heads.momentum
         for online, momentum in self._momentum_pairs():
-            for p, p_m in zip(online.parameters(), momentum.parameters()):
-                if hasattr(p, "ds_id") and p.ds_numel != p.numel():
-                    raise RuntimeError("momentum_update: parameters are partitioned (DeepSpeed ZeRO stage 3); "
-                                       "momentum encoders need replicated parameters: use ZeRO stage 1 or 2")
-                p_m.mul_(m).add_(p.detach().to(p_m.dtype), alpha=1.0 - m)
+            params = list(online.parameters())
+            if any(hasattr(p, "ds_id") and p.ds_numel != p.numel() for p in params):
+                raise RuntimeError("momentum_update: parameters are partitioned (DeepSpeed ZeRO stage 3); "
+                                   "momentum encoders need replicated parameters: use ZeRO stage 1 or 2")
+            ema_update_(list(momentum.parameters()), params, m)  # one multi-tensor update per module pair
 
     # ----------------------------------------------------------------- training utilities
     def set_grad_checkpointing(self, enable: bool = True) -> None:

@@ -2,8 +2,13 @@
 scheduler, so no JIT optimizer build and no hijacked LR), ZeRO 0-3, bf16, gradient checkpointing.
 
 Momentum encoders under ZeRO-3: every parameter is partitioned, so ``θm ← m·θm + (1−m)·θ`` is
-applied pair by pair inside ``GatheredParameters(modifier_rank=0)``, which broadcasts rank 0's
-result back into the partitions. Stages 0-2 keep parameters replicated and update in place.
+applied module pair by module pair (online ViT + momentum ViT, ...) inside one
+``GatheredParameters(modifier_rank=0)`` each, which broadcasts rank 0's result back into the
+partitions: one gather per module, not per parameter. Stages 0-2 keep parameters replicated and update
+in place. Both use one multi-tensor (``torch._foreach_*``) update per module pair (models/momentum.py).
+
+AdamW is the fused CUDA kernel when the parameters train on a GPU (not with the optimizer offloaded
+to the CPU); elsewhere torch's default implementation, so CPU runs keep their numerics.
 """
 from __future__ import annotations
 
@@ -13,21 +18,36 @@ from mplug_pretrain import process_group
 from mplug_pretrain.config import Config, deepspeed_config, resolve_precision
 
 
-def build_optimizer(model, cfg: Config) -> torch.optim.Optimizer:
+def use_fused_adamw(train_device_type: str, offload_optimizer: bool) -> bool:
+    """The fused AdamW kernel only where the optimizer's tensors live on a GPU."""
+    return train_device_type == "cuda" and not offload_optimizer
+
+
+def train_device_type() -> str:
+    """Where DeepSpeed will put the model: its accelerator's device type ("cuda" or "cpu")."""
+    from deepspeed.accelerator import get_accelerator
+    name = get_accelerator().device_name()
+    return "cuda" if name == "cuda" and torch.cuda.is_available() else name
+
+
+def build_optimizer(model, cfg: Config, device_type: str = "cpu") -> torch.optim.Optimizer:
     o = cfg.optim
     groups = model.param_groups(weight_decay=o.weight_decay, lr_vision=o.lr_vision, lr_rest=o.lr_rest)
     groups = [g for g in groups if len(g["params"]) > 0]
     for g in groups:
         g["peak_lr"] = g["lr"]
-    return torch.optim.AdamW(groups, lr=o.lr_rest, betas=tuple(o.betas), eps=o.eps)
+    extra = {"fused": True} if use_fused_adamw(device_type, cfg.distributed.offload_optimizer) else {}
+    return torch.optim.AdamW(groups, lr=o.lr_rest, betas=tuple(o.betas), eps=o.eps, **extra)
 
 
 def build_engine(model, cfg: Config, world_size: int):
     import deepspeed
     model.set_grad_checkpointing(cfg.model.grad_checkpointing)
-    optimizer = build_optimizer(model, cfg)
+    optimizer = build_optimizer(model, cfg, train_device_type())
     ds_config = deepspeed_config(cfg, world_size)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    if cfg.run.compile:
+        engine.compile()  # torch.compile of the wrapped module (DeepSpeed keeps hooks and state dict names)
     return engine, optimizer, ds_config
 
 
@@ -50,12 +70,14 @@ def momentum_update(engine, zero_stage: int) -> None:
         module.momentum_update()
         return
     import deepspeed
+
+    from mplug_pretrain.models.momentum import ema_update_
     m = module.config.heads.momentum
     for online, momentum in pairs:
-        for p, p_m in zip(online.parameters(), momentum.parameters()):
-            with deepspeed.zero.GatheredParameters([p, p_m], modifier_rank=0):
-                if process_group.rank() == 0:
-                    p_m.data.mul_(m).add_(p.data.to(p_m.dtype), alpha=1.0 - m)
+        params, params_m = list(online.parameters()), list(momentum.parameters())
+        with deepspeed.zero.GatheredParameters(params + params_m, modifier_rank=0):  # one gather per module
+            if process_group.rank() == 0:
+                ema_update_(params_m, params, m)
 
 
 def save_final_model(engine, out_dir: str, zero_stage: int, rank: int, cfg: Config | None = None) -> None:

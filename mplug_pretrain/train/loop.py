@@ -3,14 +3,22 @@ loader -> ``task.losses(module, batch, state)`` -> DeepSpeed backward/step -> ou
 momentum update (when the model has momentum encoders) -> log -> checkpoint.
 
 A task supplies the model, the loader for (epoch, start batch) and the loss computation; the loop
-owns DeepSpeed, exact resume, non-finite skipping, signals, logging and the final model folder."""
+owns DeepSpeed, exact resume, non-finite skipping, signals, logging and the final model folder.
+
+``run_training`` reads as its steps: ``_setup`` (distributed, run folder, model, engine) -> ``_resume``
+-> per batch ``_micro_step`` (forward, finiteness, backward, engine step) -> at each optimizer-step
+boundary ``_finish_step`` (momentum update, ``_log_step``, ``_maybe_checkpoint``) -> ``_finish``.
+
+Host syncs: one per micro-step (the all-rank finiteness flag, needed before backward to skip a
+non-finite micro-batch) and one per optimizer step (the accumulated losses, read together for the log);
+the losses are accumulated on the device in float64, exactly as the former per-micro-step ``float()``."""
 from __future__ import annotations
 
 import os
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -20,6 +28,7 @@ from mplug_pretrain.config import Config, save_config
 from mplug_pretrain.train.checkpoint import TrainerState, load_checkpoint, resolve_resume, save_checkpoint
 from mplug_pretrain.train.distributed import init_distributed
 from mplug_pretrain.train.engine import autocast_context, build_engine, momentum_update, save_final_model
+from mplug_pretrain.train.flops import current_peak_flops, mfu
 from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, truncate_log
 from mplug_pretrain.train.schedule import apply_lr
 from mplug_pretrain.train.signals import StopRequest
@@ -61,11 +70,14 @@ class TrainTask:
     make_loader(cfg, rank, world_size, epoch, start_batch) -> iterable of batch dicts (deterministic
         for a given epoch; ``start_batch`` skips the batches already consumed)
     losses(module, batch, state) -> {"loss": scalar to optimise, "loss_*": scalars to log}
+    flops_per_sample(cfg, batch) -> model FLOPs (forward + backward) of one sample of this batch, for MFU
+        (None: the task has no FLOP count and MFU is not logged)
     """
     name: str
     build_model: Callable[[Config], torch.nn.Module]
     make_loader: Callable[..., Iterable[dict]]
     losses: Callable[[torch.nn.Module, dict, TrainerState], dict]
+    flops_per_sample: Callable[[Config, dict], float] | None = None
 
 
 def _to_device(batch: dict, device, float_dtype=None) -> dict:
@@ -86,8 +98,46 @@ def _all_ranks_max(values: list[float], device) -> list[float]:
     return t.tolist()
 
 
-def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dict:
-    """Train until ``optim.max_steps`` optimizer steps (or a stop signal). Returns a summary."""
+def _any_rank_nonfinite(loss: torch.Tensor) -> bool:
+    """True when the loss is NaN/inf on any rank: one all-reduce and one host sync."""
+    bad = (~torch.isfinite(loss.detach())).to(torch.float64).reshape(1)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return bool(bad.item())
+
+
+@dataclass
+class _Run:
+    """Everything one ``run_training`` call holds while it trains."""
+    cfg: Config
+    task: TrainTask
+    rank: int
+    world: int
+    run_dir: str
+    ckpt_dir: str
+    engine: object
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    float_dtype: torch.dtype | None
+    peak_flops: float | None
+    state: TrainerState = field(default_factory=TrainerState)
+    log: RunLog | None = None
+    stop: StopRequest | None = None
+    nan_steps: set = field(default_factory=set)
+    last_ckpt_time: float = 0.0
+    in_a_row: int = 0
+    exit_reason: str = "finished"
+    losses_accum: dict = field(default_factory=dict)  # key -> float64 device tensor
+    micro: int = 0
+    flops_per_sample: float | None = None  # of the last micro-batch
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.cfg.data.batch_size * self.cfg.optim.grad_accum_steps * self.world
+
+
+def _setup(cfg: Config, task: TrainTask) -> _Run:
+    """Distributed init, run folder (config, world.json, stale preemption marker removed), seeds, engine."""
     info = init_distributed(cfg.distributed.backend, cfg.distributed.timeout_minutes)
     rank, world = info.rank, info.world_size
     run_dir = cfg.run_dir
@@ -105,130 +155,176 @@ def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dic
 
     model = task.build_model(cfg)
     engine, optimizer, _ = build_engine(model, cfg, world)
-    device = engine.device
     float_dtype = torch.bfloat16 if engine.bfloat16_enabled() else None
+    on_gpu = torch.device(engine.device).type == "cuda"
+    # the GPU table holds bf16 peaks: an fp32 run on a GPU reports no MFU rather than a wrong one
+    peak = current_peak_flops(engine.device, cfg.run.cpu_peak_flops) if (float_dtype or not on_gpu) else None
+    return _Run(cfg=cfg, task=task, rank=rank, world=world, run_dir=run_dir, ckpt_dir=ckpt_dir, engine=engine,
+                optimizer=optimizer, device=engine.device, float_dtype=float_dtype, peak_flops=peak)
 
-    state = TrainerState()
-    tag = resolve_resume(resume, ckpt_dir)
-    if tag is not None:
-        state = load_checkpoint(engine, ckpt_dir, tag, rank)
-        if rank == 0:
-            truncate_log(run_dir, state.global_step)
-    stop = StopRequest().install()
-    o = cfg.optim
-    log = RunLog(run_dir, o.max_steps, enabled=rank == 0, tensorboard=cfg.run.tensorboard,
-                 print_every=cfg.run.log_every, initial_step=state.global_step)
-    if tag is not None:
-        log.event(f"[train] resumed from {tag}: step {state.global_step}, samples {state.samples_seen}, "
-                  f"epoch {state.epoch} batch {state.batch_in_epoch}")
-    samples_per_step = cfg.data.batch_size * o.grad_accum_steps * world
-    nan_steps = set(cfg.run.inject_nonfinite_at_steps)
-    last_ckpt_time = time.time()
-    in_a_row = 0
-    exit_reason = "finished"
-    losses_accum: dict[str, float] = {}
-    micro = 0
 
-    loader = None  # stays None when a resumed run had already finished
-    while state.global_step < o.max_steps and exit_reason == "finished":
-        loader = task.make_loader(cfg, rank, world, state.epoch, state.batch_in_epoch)
-        data_start = time.time()
-        step_start = time.time()
-        data_time = 0.0
-        yielded = 0
-        for batch in loader:
-            yielded += 1
-            data_time += time.time() - data_start
-            state.batch_in_epoch += 1
-            state.corrupt_skipped = loader.stats.total_skipped if hasattr(loader, "stats") else 0
-            lrs = apply_lr(optimizer, state.global_step, o.warmup_steps, o.max_steps, o.min_lr)
-            batch = _to_device(batch, device, float_dtype)
-            with autocast_context(cfg):
-                out = task.losses(engine, batch, state)
-            loss = out["loss"]
-            if state.global_step in nan_steps and micro == 0:
-                nan_steps.discard(state.global_step)
-                loss = loss * float("nan")  # fault injection for tests (run.inject_nonfinite_at_steps)
-            finite = bool(torch.isfinite(loss.detach()).item())
-            (any_bad,) = _all_ranks_max([0.0 if finite else 1.0], device)
-            if any_bad:
-                # every rank skips this micro-batch together: no backward, so nothing reaches the
-                # optimizer (with accumulation, the other micro-batches of the step still count)
-                state.nonfinite_skipped += 1
-                in_a_row += 1
-                log.event(f"[train] non-finite loss at step {state.global_step}: skipped "
-                          f"({in_a_row} in a row, {state.nonfinite_skipped} in total)")
-                if in_a_row >= cfg.run.max_nonfinite_in_row:
-                    raise NonFiniteLossError(
-                        f"{in_a_row} non-finite losses in a row at step {state.global_step} (limit "
-                        f"run.max_nonfinite_in_row={cfg.run.max_nonfinite_in_row}); lower optim.lr_rest / "
-                        "optim.lr_vision or check the data")
-                data_start = time.time()
-                continue
-            engine.backward(loss)
-            for key, value in out.items():
-                if key.startswith("loss"):
-                    losses_accum[key] = losses_accum.get(key, 0.0) + float(value.detach()) / o.grad_accum_steps
-            boundary = engine.is_gradient_accumulation_boundary()
-            engine.step()
-            micro += 1
-            if not boundary:
-                data_start = time.time()
-                continue
-            momentum_update(engine, cfg.distributed.zero_stage)
-            in_a_row = 0
-            micro = 0
-            state.global_step += 1
-            state.samples_seen += samples_per_step
-            step_time = time.time() - step_start
-            grad_norm = engine.get_global_grad_norm()
-            record = {"step": state.global_step, "samples_seen": state.samples_seen, **losses_accum,
-                      **{f"lr_{k}": v for k, v in lrs.items()},
-                      "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                      "samples_per_s": samples_per_step / max(step_time, 1e-9),
-                      "data_time": data_time, "step_time": step_time, "peak_memory_mb": peak_memory_mb(),
-                      "epoch": state.epoch, "nonfinite_skipped": state.nonfinite_skipped,
-                      "corrupt_skipped": state.corrupt_skipped}
-            log.step(record)
-            losses_accum = {}
-            due_time = (time.time() - last_ckpt_time) / 60.0 >= cfg.run.checkpoint_every_minutes
-            signal_flag, time_flag = _all_ranks_max([1.0 if stop.requested else 0.0, 1.0 if due_time else 0.0], device)
-            finished = state.global_step >= o.max_steps
-            if signal_flag or time_flag or finished or state.global_step % cfg.run.checkpoint_every_steps == 0:
-                written = save_checkpoint(engine, ckpt_dir, state, rank, cfg.run.keep_last)
-                last_ckpt_time = time.time()
-                log.event(f"[train] checkpoint {written} written")
-            if signal_flag:
-                exit_reason = "preempted"
-                if rank == 0:
-                    open(os.path.join(run_dir, PREEMPTED_MARKER), "w").write(stop.signal_name or "signal")
-                log.event(f"[train] stop requested ({stop.signal_name or 'signal on another rank'}): "
-                          f"saved at step {state.global_step}, exiting")
-                break
-            if finished:
-                break
-            data_start = time.time()
+def _resume(run: _Run, resume: str | None) -> None:
+    """Load the checkpoint ``resume`` names (if any), drop log records after it, open the log."""
+    cfg = run.cfg
+    tag = resolve_resume(resume, run.ckpt_dir)
+    if tag is not None:
+        run.state = load_checkpoint(run.engine, run.ckpt_dir, tag, run.rank)
+        if run.rank == 0:
+            truncate_log(run.run_dir, run.state.global_step)
+    run.stop = StopRequest().install()
+    run.log = RunLog(run.run_dir, cfg.optim.max_steps, enabled=run.rank == 0, tensorboard=cfg.run.tensorboard,
+                     print_every=cfg.run.log_every, initial_step=run.state.global_step)
+    if tag is not None:
+        s = run.state
+        run.log.event(f"[train] resumed from {tag}: step {s.global_step}, samples {s.samples_seen}, "
+                      f"epoch {s.epoch} batch {s.batch_in_epoch}")
+    run.nan_steps = set(cfg.run.inject_nonfinite_at_steps)
+    run.last_ckpt_time = time.time()
+
+
+def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
+    """Forward, finiteness check, backward and engine step of one micro-batch.
+    -> None when the micro-batch was skipped (non-finite loss on some rank), else (lrs, boundary)."""
+    cfg, state, engine = run.cfg, run.state, run.engine
+    lrs = apply_lr(run.optimizer, state.global_step, cfg.optim.warmup_steps, cfg.optim.max_steps, cfg.optim.min_lr)
+    if run.task.flops_per_sample is not None and run.peak_flops is not None:
+        run.flops_per_sample = run.task.flops_per_sample(cfg, batch)
+    batch = _to_device(batch, run.device, run.float_dtype)
+    with autocast_context(cfg):
+        out = run.task.losses(engine, batch, state)
+    loss = out["loss"]
+    if state.global_step in run.nan_steps and run.micro == 0:
+        run.nan_steps.discard(state.global_step)
+        loss = loss * float("nan")  # fault injection for tests (run.inject_nonfinite_at_steps)
+    if _any_rank_nonfinite(loss):
+        # every rank skips this micro-batch together: no backward, so nothing reaches the
+        # optimizer (with accumulation, the other micro-batches of the step still count)
+        state.nonfinite_skipped += 1
+        run.in_a_row += 1
+        run.log.event(f"[train] non-finite loss at step {state.global_step}: skipped "
+                      f"({run.in_a_row} in a row, {state.nonfinite_skipped} in total)")
+        if run.in_a_row >= cfg.run.max_nonfinite_in_row:
+            raise NonFiniteLossError(
+                f"{run.in_a_row} non-finite losses in a row at step {state.global_step} (limit "
+                f"run.max_nonfinite_in_row={cfg.run.max_nonfinite_in_row}); lower optim.lr_rest / "
+                "optim.lr_vision or check the data")
+        return None
+    engine.backward(loss)
+    for key, value in out.items():
+        if key.startswith("loss"):  # stays on the device: read once per optimizer step
+            value = torch.as_tensor(value).detach().to(torch.float64) / cfg.optim.grad_accum_steps
+            run.losses_accum[key] = run.losses_accum.get(key, 0.0) + value
+    boundary = engine.is_gradient_accumulation_boundary()
+    engine.step()
+    run.micro += 1
+    return lrs, boundary
+
+
+def _log_step(run: _Run, lrs: dict, data_time: float, step_time: float) -> None:
+    state = run.state
+    keys = list(run.losses_accum)
+    values = torch.stack([torch.as_tensor(run.losses_accum[k]) for k in keys]).tolist() if keys else []
+    run.losses_accum = {}
+    grad_norm = run.engine.get_global_grad_norm()
+    samples_per_s = run.samples_per_step / max(step_time, 1e-9)
+    record = {"step": state.global_step, "samples_seen": state.samples_seen, **dict(zip(keys, values)),
+              **{f"lr_{k}": v for k, v in lrs.items()},
+              "grad_norm": float(grad_norm) if grad_norm is not None else None,
+              "samples_per_s": samples_per_s,
+              "data_time": data_time, "step_time": step_time, "peak_memory_mb": peak_memory_mb(),
+              "epoch": state.epoch, "nonfinite_skipped": state.nonfinite_skipped,
+              "corrupt_skipped": state.corrupt_skipped}
+    if run.flops_per_sample is not None:
+        record["flops_per_sample"] = run.flops_per_sample
+        record["mfu"] = mfu(run.flops_per_sample, samples_per_s / run.world, run.peak_flops)
+    run.log.step(record)
+
+
+def _maybe_checkpoint(run: _Run) -> bool:
+    """Checkpoint when due (steps, minutes, a stop signal on any rank, the last step).
+    -> True when a stop was requested (the run is then saved and must exit)."""
+    cfg, state = run.cfg, run.state
+    due_time = (time.time() - run.last_ckpt_time) / 60.0 >= cfg.run.checkpoint_every_minutes
+    signal_flag, time_flag = _all_ranks_max([1.0 if run.stop.requested else 0.0, 1.0 if due_time else 0.0],
+                                            run.device)
+    finished = state.global_step >= cfg.optim.max_steps
+    if signal_flag or time_flag or finished or state.global_step % cfg.run.checkpoint_every_steps == 0:
+        written = save_checkpoint(run.engine, run.ckpt_dir, state, run.rank, cfg.run.keep_last)
+        run.last_ckpt_time = time.time()
+        run.log.event(f"[train] checkpoint {written} written")
+    if signal_flag:
+        run.exit_reason = "preempted"
+        if run.rank == 0:
+            with open(os.path.join(run.run_dir, PREEMPTED_MARKER), "w") as f:
+                f.write(run.stop.signal_name or "signal")
+        run.log.event(f"[train] stop requested ({run.stop.signal_name or 'signal on another rank'}): "
+                      f"saved at step {state.global_step}, exiting")
+    return bool(signal_flag)
+
+
+def _finish_step(run: _Run, lrs: dict, data_time: float, step_time: float) -> bool:
+    """After an optimizer step: momentum update, counters, log, checkpoint. -> True to stop training."""
+    momentum_update(run.engine, run.cfg.distributed.zero_stage)
+    run.in_a_row = 0
+    run.micro = 0
+    run.state.global_step += 1
+    run.state.samples_seen += run.samples_per_step
+    _log_step(run, lrs, data_time, step_time)
+    if _maybe_checkpoint(run):
+        return True
+    return run.state.global_step >= run.cfg.optim.max_steps
+
+
+def _train_epoch(run: _Run, loader: Iterable[dict]) -> bool:
+    """Train on ``loader`` (the rest of one epoch). -> True when the loader ran out (next epoch)."""
+    state = run.state
+    data_start = step_start = time.time()
+    data_time = 0.0
+    yielded = 0
+    for batch in loader:
+        yielded += 1
+        data_time += time.time() - data_start
+        state.batch_in_epoch += 1
+        state.corrupt_skipped = loader.stats.total_skipped if hasattr(loader, "stats") else 0
+        result = _micro_step(run, batch)
+        if result is not None and result[1]:  # an optimizer step ended
+            if _finish_step(run, result[0], data_time, time.time() - step_start):
+                return False
             step_start = time.time()
             data_time = 0.0
-        else:
-            if yielded == 0 and state.batch_in_epoch == 0:
-                from mplug_pretrain.errors import DataError
-                raise DataError(f"data.train_shards: epoch {state.epoch} yielded no batch on rank {rank} "
-                                f"({cfg.data.train_shards})")
-            state.epoch += 1
-            state.batch_in_epoch = 0
-            continue
-        if state.global_step >= o.max_steps:
-            break
-    log.close()
-    if hasattr(loader_stats := getattr(loader, "stats", None), "summary") and rank == 0:
+        data_start = time.time()
+    if yielded == 0 and state.batch_in_epoch == 0:
+        from mplug_pretrain.errors import DataError
+        raise DataError(f"data.train_shards: epoch {state.epoch} yielded no batch on rank {run.rank} "
+                        f"({run.cfg.data.train_shards})")
+    state.epoch += 1
+    state.batch_in_epoch = 0
+    return True
+
+
+def _finish(run: _Run, loader) -> dict:
+    """Close the log, report corrupt samples, write the final model folder and plots (finished runs)."""
+    run.log.close()
+    if hasattr(loader_stats := getattr(loader, "stats", None), "summary") and run.rank == 0:
         print(f"[data] {loader_stats.summary()}", flush=True)
-    if exit_reason == "finished":
-        save_final_model(engine, os.path.join(run_dir, "model"), cfg.distributed.zero_stage, rank, cfg)
-        if rank == 0:
-            plot_losses(run_dir)
-    summary = {"exit": exit_reason, "global_step": state.global_step, "samples_seen": state.samples_seen,
-               "nonfinite_skipped": state.nonfinite_skipped, "run_dir": run_dir}
-    return {"summary": summary, "engine": engine, "state": state}
+    if run.exit_reason == "finished":
+        save_final_model(run.engine, os.path.join(run.run_dir, "model"), run.cfg.distributed.zero_stage, run.rank,
+                         run.cfg)
+        if run.rank == 0:
+            plot_losses(run.run_dir)
+    s = run.state
+    summary = {"exit": run.exit_reason, "global_step": s.global_step, "samples_seen": s.samples_seen,
+               "nonfinite_skipped": s.nonfinite_skipped, "run_dir": run.run_dir}
+    return {"summary": summary, "engine": run.engine, "state": s}
 
 
+def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dict:
+    """Train until ``optim.max_steps`` optimizer steps (or a stop signal). Returns a summary."""
+    run = _setup(cfg, task)
+    _resume(run, resume)
+    loader = None  # stays None when a resumed run had already finished
+    while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
+        loader = task.make_loader(cfg, run.rank, run.world, run.state.epoch, run.state.batch_in_epoch)
+        if not _train_epoch(run, loader):
+            break
+    return _finish(run, loader)

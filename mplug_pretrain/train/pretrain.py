@@ -36,11 +36,26 @@ def distill_alpha(cfg: Config, step: int) -> float:
     return alpha
 
 
+def flops_per_sample(cfg: Config, batch: dict) -> float | None:
+    """Model FLOPs of one sample of ``batch`` (train/flops.py; typical MLM/PrefixLM shapes for its text length,
+    full queue). None for a model the count does not cover (a refiner, a non-BERT decoder)."""
+    from mplug_pretrain.train.flops import TextShapes, pretrain_flops_per_sample
+    h = cfg.model.heads
+    if not all(float(h.loss_weights.get(name, 1.0)) for name in ("itc", "itm", "mlm", "prefixlm")):
+        return None  # the count assumes all four losses
+    try:
+        shapes = TextShapes.typical(int(batch["input_ids"].shape[1]), h.mlm_probability)
+        return pretrain_flops_per_sample(cfg.model, shapes, int(batch["input_ids"].shape[0])).total
+    except ValueError:
+        return None
+
+
 def run_pretrain(cfg: Config, resume: str | None = None) -> dict:
     if not cfg.data.train_shards:
         raise ConfigError("data.train_shards: required for pretraining (a brace pattern of .tar shards)")
     def losses(engine, batch: dict, state: TrainerState) -> dict:
         return engine(batch, alpha=distill_alpha(cfg, state.global_step))  # all four losses, one forward
 
-    task = TrainTask(name="pretrain", build_model=build_model, make_loader=build_train_loader, losses=losses)
+    task = TrainTask(name="pretrain", build_model=build_model, make_loader=build_train_loader, losses=losses,
+                     flops_per_sample=flops_per_sample)
     return run_training(cfg, task, resume=resume)

@@ -1,11 +1,10 @@
 """What a user watches: ``log.jsonl`` (one object per step), TensorBoard, a progress bar on a
-terminal and plain log lines otherwise, and loss plots at the end. Rank 0 only."""
+terminal and plain log lines otherwise (train/progress.py), and loss plots at the end. Rank 0 only."""
 from __future__ import annotations
 
 import json
 import os
 import resource
-import sys
 import time
 
 import torch
@@ -25,21 +24,20 @@ class RunLog:
         self.start = time.time()
         self._file = None
         self._tb = None
-        self._bar = None
+        self._progress = None
         if not enabled:
             return
         os.makedirs(run_dir, exist_ok=True)
         self.run_dir = run_dir
-        self._file = open(os.path.join(run_dir, "log.jsonl"), "a")
+        self._file = open(os.path.join(run_dir, "log.jsonl"), "a")  # noqa: SIM115 (open for the whole run)
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
                 self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
             except ImportError:
                 print("[log] tensorboard not installed; skipping TensorBoard events", flush=True)
-        if sys.stdout.isatty():
-            from tqdm import tqdm
-            self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True)
+        from mplug_pretrain.train.progress import Progress
+        self._progress = Progress(total_steps, initial_step, print_every)
 
     def step(self, record: dict) -> None:
         if not self.enabled:
@@ -51,25 +49,15 @@ class RunLog:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self._tb.add_scalar(key.replace("lr_", "lr/").replace("loss_", "loss/"), value, step)
-        if self._bar is not None:
-            self._bar.update(1)
-            self._bar.set_postfix(loss=f"{record.get('loss', float('nan')):.3f}",
-                                  sps=f"{record.get('samples_per_s', 0):.1f}")
-        elif step % self.print_every == 0:
-            losses = " ".join(f"{k}={v:.4f}" for k, v in record.items() if k.startswith("loss"))
-            lrs = " ".join(f"{k}={v:.2e}" for k, v in record.items() if k.startswith("lr_") and k.endswith("_decay")
-                           and not k.endswith("no_decay"))
-            print(f"[train] step {step} samples {record.get('samples_seen')} {losses} {lrs} "
-                  f"sps={record.get('samples_per_s', 0):.1f} data={record.get('data_time', 0):.3f}s "
-                  f"step={record.get('step_time', 0):.3f}s", flush=True)
+        self._progress.step(record)
 
     def event(self, message: str) -> None:
         if self.enabled:
-            print(message, flush=True)
+            self._progress.event(message)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
+        if self._progress is not None:
+            self._progress.close()
         if self._tb is not None:
             self._tb.close()
         if self._file is not None:

@@ -30,6 +30,9 @@ def test_json_form_and_sane_rows(result):
         assert 50 < row["peak_rss_mb"] < 64_000
         parts = sum(row[f"state_{k}_bytes"] for k in ("parameters", "gradients", "optimizer", "other"))
         assert parts == row["state_total_bytes"]
+        assert row["mfu"] == pytest.approx(row["flops_per_sample"] * row["batch_per_rank"] / row["step_seconds"]
+                                           / row["matmul_peak_flops"])
+        assert 0 < row["mfu"] < 1.5 and 1e8 < row["matmul_peak_flops"] < 1e13
 
 
 def test_state_bytes_match_the_model(result):

@@ -1,0 +1,171 @@
+"""`mplug bench train-step` on a CUDA machine: one pretraining step (all four losses, forward + backward +
+fused AdamW) through the real DeepSpeed engine in bf16 (autocast + DeepSpeed bf16), one GPU (torchrun, nccl),
+for the base and large presets x ZeRO {0, 2, 3} x gradient checkpointing {off, on}, each at the largest batch
+that fits: the batch doubles from ``START_BATCH`` until ``torch.cuda.OutOfMemoryError`` (or ``MAX_BATCH``).
+
+Rows: preset, zero_stage, grad_checkpointing, batch_per_rank (largest that fit), step_seconds (median of the
+timed steps, synchronized), samples_per_s, peak_gpu_memory_mb (torch.cuda.max_memory_allocated over the timed
+steps), flops_per_sample (train/flops.py: analytic model FLOPs, typical MLM/PrefixLM shapes, full queue),
+mfu (flops_per_sample x samples_per_s / the GPU's dense bf16 peak, train/flops.PEAK_BF16_FLOPS),
+tried_batches, oom_at (the first batch that did not fit, None when MAX_BATCH fitted).
+The batch is one real demo batch at the preset's resolution (256 px base, 224 px large), tiled to the batch
+size, so data loading is excluded (see `mplug bench dataloader` for how many workers feed one GPU).
+Written to bench/results/train_step_gpu.json by default.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from mplug_pretrain.bench.common import write_bench
+
+START_BATCH, MAX_BATCH = 8, 1024
+WARMUP_STEPS, TIMED_STEPS = 3, 10
+CASES = [(preset, stage, ckpt) for preset in ("base", "large") for stage in (0, 2, 3) for ckpt in (False, True)]
+TEXT_LEN = 30
+
+
+def _tiled_batch(preset: str, batch_size: int, device) -> dict:
+    from mplug_pretrain.bench.train_step import _one_batch
+    one = _one_batch(preset, 16)
+    reps = -(-batch_size // 16)
+    out = {}
+    for key, value in one.items():
+        if hasattr(value, "repeat"):
+            value = value.repeat(reps, *([1] * (value.ndim - 1)))[:batch_size].to(device)
+            if key == "image_id":  # distinct ids: the tiled copies are not positives of each other
+                import torch
+                value = torch.arange(batch_size, device=device)
+        out[key] = value
+    return out
+
+
+def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) -> dict:
+    """One (preset, stage, checkpointing, batch) on this GPU; raises torch.cuda.OutOfMemoryError when it does not fit."""
+    import torch
+
+    from mplug_pretrain.config import load_config
+    from mplug_pretrain.train.engine import autocast_context, build_engine, momentum_update
+    from mplug_pretrain.train.flops import current_peak_flops, mfu
+    from mplug_pretrain.train.pretrain import build_model, flops_per_sample
+    cfg = load_config(None, [f"model.preset={preset}", f"data.batch_size={batch_size}",
+                             f"distributed.zero_stage={stage}", "distributed.precision=bf16",
+                             f"model.grad_checkpointing={str(checkpointing).lower()}",
+                             "optim.warmup_steps=1", "optim.max_steps=100"], check_paths=False)
+    torch.manual_seed(0)
+    engine = None
+    try:
+        engine, _, _ = build_engine(build_model(cfg), cfg, 1)
+        batch = _tiled_batch(preset, batch_size, engine.device)
+        batch = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in batch.items()}
+
+        def step() -> None:
+            with autocast_context(cfg):
+                loss = engine(batch)["loss"]
+            engine.backward(loss)
+            engine.step()
+            momentum_update(engine, stage)  # the loop's, incl. the ZeRO-3 gather
+
+        for _ in range(WARMUP_STEPS):
+            step()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(TIMED_STEPS):
+            start = time.perf_counter()
+            step()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        seconds = statistics.median(times)
+        flops = flops_per_sample(cfg, batch)
+        return {"preset": preset, "zero_stage": stage, "grad_checkpointing": checkpointing,
+                "batch_per_rank": batch_size, "step_seconds": seconds, "samples_per_s": batch_size / seconds,
+                "peak_gpu_memory_mb": torch.cuda.max_memory_allocated() / 2**20, "flops_per_sample": flops,
+                "mfu": mfu(flops, batch_size / seconds, current_peak_flops(engine.device)),
+                "timed_steps": TIMED_STEPS}
+    finally:
+        if engine is not None and hasattr(engine, "destroy"):
+            engine.destroy()
+        engine = None
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def largest_batch(preset: str, stage: int, checkpointing: bool, start: int = START_BATCH,
+                  limit: int = MAX_BATCH, measure=measure_case) -> dict | None:
+    """Double the batch from ``start`` until it runs out of GPU memory; -> the row of the largest that fit
+    (with tried_batches and oom_at), None when not even ``start`` fits."""
+    import torch
+    best, tried, oom_at, batch = None, [], None, start
+    while batch <= limit:
+        tried.append(batch)
+        try:
+            best = measure(preset, stage, checkpointing, batch)
+        except torch.cuda.OutOfMemoryError:
+            oom_at = batch
+            break
+        batch *= 2
+    if best is not None:
+        best.update(tried_batches=tried, oom_at=oom_at)
+    return best
+
+
+def worker(cases: list, out: str) -> None:
+    import torch
+
+    from mplug_pretrain.train.distributed import init_distributed, shutdown_distributed
+    init_distributed("nccl", timeout_minutes=30)
+    rows = []
+    for preset, stage, ckpt in cases:
+        row = largest_batch(preset, stage, ckpt)
+        if row is None:
+            row = {"preset": preset, "zero_stage": stage, "grad_checkpointing": ckpt, "batch_per_rank": 0,
+                   "oom_at": START_BATCH}
+        rows.append(row)
+        print(f"[train-step gpu] {json.dumps(row)}", flush=True)
+        with open(out, "w") as f:  # partial results survive a later failure
+            json.dump(rows, f)
+    torch.cuda.synchronize()
+    shutdown_distributed()
+
+
+def run(out: str, quick: bool = False) -> dict:
+    """quick: base preset, ZeRO 2, checkpointing off only."""
+    from mplug_pretrain.config import REPO_ROOT
+    cases = [("base", 2, False)] if quick else CASES
+    env = dict(os.environ)
+    env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO_ROOT, ".cache", "torch_extensions"))
+    with tempfile.TemporaryDirectory() as tmp:
+        rows_file = os.path.join(tmp, "rows.json")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--standalone",
+               "-m", "mplug_pretrain.bench.train_step_gpu", "--worker", json.dumps(cases), "--rows", rows_file]
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+        print(proc.stdout, end="", flush=True)
+        rows = []
+        if os.path.exists(rows_file):
+            with open(rows_file) as f:
+                rows = json.load(f)
+        if proc.returncode != 0:
+            print(f"[train-step gpu] worker failed (rows so far kept):\n{proc.stderr[-4000:]}", flush=True)
+    return write_bench("train_step_gpu", rows, out, quick=quick, precision="bf16", device="cuda",
+                       start_batch=START_BATCH, max_batch=MAX_BATCH, warmup_steps=WARMUP_STEPS,
+                       complete=proc.returncode == 0)
+
+
+def main() -> None:
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("--rows", required=True)
+    args = parser.parse_args()
+    worker(json.loads(args.worker), args.rows)
+
+
+if __name__ == "__main__":
+    main()
