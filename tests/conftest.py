@@ -16,3 +16,14 @@ def demo_shards():
     from mplug_pretrain.data.demo_shards import ensure_demo_shards
     paths = ensure_demo_shards(os.path.join(REPO_ROOT, "data_shards"))
     return {k: v if os.path.isabs(v) else os.path.join(REPO_ROOT, v) for k, v in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Results do not depend on it; on a shared 2-core machine one thread avoids OpenMP spin contention.
+    Modules opt in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -22,17 +22,11 @@ from mplug_pretrain.models.preprocessing import write_inference_files
 from mplug_pretrain.models.presets import build_model
 from tests.helpers import REPO_ROOT
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's normalisation, written out independently
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_TEXT_LEN = 12
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def save_model_folder(path: str, seed: int, generation: GenerationSettings | None = None) -> str:

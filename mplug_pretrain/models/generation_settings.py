@@ -15,8 +15,27 @@ GENERATION_FILE = "caption_generation.json"  # written into fine-tuned model fol
 ANSWER_FILE = "answer_generation.json"  # written into every training run's model/ folder (vqa.* settings)
 
 
+class _SavedBesideWeights:
+    """A settings dataclass stored as ``FILE`` (JSON) in a model folder."""
+    FILE = ""
+
+    @classmethod
+    def from_model_dir(cls, directory: str):
+        """The settings saved beside the weights, else the defaults."""
+        path = os.path.join(directory, cls.FILE)
+        if not os.path.isfile(path):
+            return cls()
+        with open(path) as f:
+            return cls(**json.load(f))
+
+    def save(self, directory: str) -> None:
+        with open(os.path.join(directory, self.FILE), "w") as f:
+            json.dump(asdict(self), f, indent=2)
+
+
 @dataclass
-class GenerationSettings:
+class GenerationSettings(_SavedBesideWeights):
+    FILE = GENERATION_FILE
     prompt: str = "a picture of"
     beam_size: int = 5
     max_length: int = 20
@@ -29,22 +48,11 @@ class GenerationSettings:
         c = cfg.caption
         return cls(c.prompt, c.beam_size, c.max_length, c.min_length, c.length_penalty)
 
-    @classmethod
-    def from_model_dir(cls, directory: str) -> GenerationSettings:
-        """The settings a fine-tuning run saved beside the weights, else the defaults."""
-        path = os.path.join(directory, GENERATION_FILE)
-        if not os.path.isfile(path):
-            return cls()
-        with open(path) as f:
-            return cls(**json.load(f))
-
-    def save(self, directory: str) -> None:
-        with open(os.path.join(directory, GENERATION_FILE), "w") as f:
-            json.dump(asdict(self), f, indent=2)
 
 
 @dataclass
-class AnswerSettings:
+class AnswerSettings(_SavedBesideWeights):
+    FILE = ANSWER_FILE
     beam_size: int = 5
     max_length: int = 10
     length_penalty: float = 0.0
@@ -54,15 +62,3 @@ class AnswerSettings:
         """From a run ``Config``'s ``vqa`` section."""
         v = cfg.vqa
         return cls(v.beam_size, v.max_answer_length, v.length_penalty)
-
-    @classmethod
-    def from_model_dir(cls, directory: str) -> AnswerSettings:
-        path = os.path.join(directory, ANSWER_FILE)
-        if not os.path.isfile(path):
-            return cls()
-        with open(path) as f:
-            return cls(**json.load(f))
-
-    def save(self, directory: str) -> None:
-        with open(os.path.join(directory, ANSWER_FILE), "w") as f:
-            json.dump(asdict(self), f, indent=2)

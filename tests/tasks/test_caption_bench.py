@@ -10,13 +10,7 @@ from mplug_pretrain.bench import feature_cache as feature_cache_bench
 from mplug_pretrain.bench import generate as generate_bench
 from mplug_pretrain.models.generation import beam_search
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("kind", generate_bench.DECODERS)

@@ -20,15 +20,9 @@ from mplug_pretrain.eval.predict_captions import image_files
 from mplug_pretrain.models.presets import build_model
 from tests.helpers import run_mplug
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SETTINGS = GenerationSettings(prompt="a picture of", beam_size=3, max_length=8, min_length=3)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,9 @@ from mplug_pretrain.train.caption_losses import caption_xe_loss, visual_states
 from mplug_pretrain.train.caption_model import captioner
 from mplug_pretrain.train.feature_cache import build_feature_cache
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SIZE = 64
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

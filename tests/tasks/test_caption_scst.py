@@ -15,13 +15,7 @@ from mplug_pretrain.models.generation import sample
 from mplug_pretrain.train.caption_losses import scst_batch_loss
 from mplug_pretrain.train.scst import CiderDReward, policy_mode, scst_loss, self_critical_loss
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

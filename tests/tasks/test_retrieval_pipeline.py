@@ -23,17 +23,10 @@ from mplug_pretrain.eval.retrieval import (
 from mplug_pretrain.eval.retrieval_metrics import retrieval_recall
 from mplug_pretrain.models.presets import build_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 WORDS = ["a", "red", "blue", "green", "circle", "square", "triangle", "small", "large", "on", "the", "left",
          "right", "top", "bottom", "of", "and"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Results do not depend on it; on a shared 2-core machine one thread avoids OpenMP spin contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,7 @@ from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards, wr
 from mplug_pretrain.eval.zero_shot_demo import retrieval_demo, video_retrieval_demo
 from mplug_pretrain.models.presets import build_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Results do not depend on it; on a shared 2-core machine one thread avoids OpenMP spin contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

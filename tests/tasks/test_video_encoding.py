@@ -26,14 +26,7 @@ from mplug_pretrain.eval.video_encoding import (
 )
 from mplug_pretrain.models.presets import build_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Results do not depend on it; on a shared 2-core machine one thread avoids OpenMP spin contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

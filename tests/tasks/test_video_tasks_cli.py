@@ -23,17 +23,10 @@ from mplug_pretrain.eval.video_qa_task import load_video_mapping, read_qa_annota
 from mplug_pretrain.eval.video_retrieval_task import read_caption_annotations
 from mplug_pretrain.models.presets import build_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAST = ["eval.annotations=null", "eval.video_root=null", "eval.num_frames=2", "eval.num_workers=0"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Results do not depend on it; on a shared 2-core machine one thread avoids OpenMP spin contention."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
