@@ -211,7 +211,8 @@ def test_mplug_submit_pretrain_and_eval_array(slurm_cluster, tmp_path, submit_co
     records = slurm_cluster.wait(array_id)
     assert sorted(r["JobState"] for r in records) == ["COMPLETED", "COMPLETED"], records
     for index, checkpoint in enumerate(checkpoints):
-        metrics = run_dir / "eval" / f"{index}-caption-{checkpoint.name}.json"
+        # a folder outside a run is labelled <parent>-<folder> (array outputs never collide across runs)
+        metrics = run_dir / "eval" / f"{index}-caption-{checkpoint.parent.name}-{checkpoint.name}.json"
         recorded = json.loads(metrics.read_text())
         assert recorded["array_task"] == str(index)
         assert recorded["argv"][recorded["argv"].index("--checkpoint") + 1] == str(checkpoint)
