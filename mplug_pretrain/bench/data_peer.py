@@ -48,16 +48,23 @@ def _import_get_wds_dataset():
     in, so open_clip's WebDataset code runs unmodified and a CSV path could not silently misbehave."""
     import sys
     import types
+    absent = None
     try:
         import pandas  # noqa: F401
     except ImportError:
         absent = types.ModuleType("pandas")
 
         def _missing(name: str):
+            if name.startswith("__"):  # introspection (hasattr(m, "__file__"), torch.compile's module scan)
+                raise AttributeError(name)
             raise ImportError(f"pandas.{name}: pandas is not installed (only open_clip's CSV dataset needs it)")
         absent.__getattr__ = _missing
         sys.modules["pandas"] = absent
-    import open_clip_train.data as oc_data
+    try:
+        import open_clip_train.data as oc_data
+    finally:  # open_clip's module keeps its reference; nobody else may import the stand-in as pandas
+        if absent is not None and sys.modules.get("pandas") is absent:
+            del sys.modules["pandas"]
     from webdataset.tariterators import tar_file_expander, url_opener
 
     import mplug_pretrain  # noqa: F401  (torchvision shim before open_clip)

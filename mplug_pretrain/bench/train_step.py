@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Self
 
-from mplug_pretrain.bench.common import write_bench
+from mplug_pretrain.bench.common import pretrain_batch, write_bench
 
 # per preset: (batch per rank, warm-up steps, timed steps); "quick" is the test suite's tiny setting
 SETTINGS = {"tiny": (16, 1, 3), "base": (2, 1, 2), "quick": (4, 0, 1)}
@@ -87,18 +87,6 @@ def matmul_peak_flops(n: int = 1024, repeats: int = 5) -> float:
         a @ b
         times.append(time.perf_counter() - start)
     return 2.0 * n ** 3 / statistics.median(times)
-
-
-def _one_batch(preset: str, batch_size: int) -> dict:
-    from mplug_pretrain.data.demo_shards import ensure_demo_shards
-    from mplug_pretrain.data.pipeline import build_pretrain_loader
-    from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.models.presets import get_preset_config
-    image_size = get_preset_config(preset).vision.image_size
-    loader = build_pretrain_loader(ensure_demo_shards()["pretrain_train"], batch_size=batch_size,
-                                   image_size=image_size, max_text_len=30, tokenizer=load_tokenizer(),
-                                   num_workers=0, seed=0, rank=0, world_size=1)
-    return next(iter(loader))
 
 
 def _case(setting: str, stage: int, checkpointing: bool, world: int, batch: dict) -> dict:
@@ -168,7 +156,7 @@ def worker(cases: list[list], out: str) -> None:
     rows = []
     for setting, stage, checkpointing in cases:
         if setting not in batches:
-            batches[setting] = _one_batch("tiny" if setting == "quick" else setting, SETTINGS[setting][0])
+            batches[setting] = pretrain_batch("tiny" if setting == "quick" else setting, SETTINGS[setting][0])
         rows.append(_case(setting, stage, checkpointing, info.world_size, batches[setting]))
         gc.collect()  # the case's engine and model are unreachable now
         if info.rank == 0:

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from mplug_pretrain.bench.common import write_bench
+from mplug_pretrain.bench.common import pretrain_batch, write_bench
 
 START_BATCH, MAX_BATCH = 8, 1024
 WARMUP_STEPS, TIMED_STEPS = 3, 10
@@ -32,8 +32,7 @@ TEXT_LEN = 30
 
 
 def _tiled_batch(preset: str, batch_size: int, device) -> dict:
-    from mplug_pretrain.bench.train_step import _one_batch
-    one = _one_batch(preset, 16)
+    one = pretrain_batch(preset, 16)
     reps = -(-batch_size // 16)
     out = {}
     for key, value in one.items():
