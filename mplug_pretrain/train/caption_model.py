@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import copy
-import json
-import os
 
 from torch import nn
 
 from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.model_config import ModelConfig
+from mplug_pretrain.train.finetune_image_size import finetune_image_size
 
 
 def training_image_size(cfg: Config) -> int:
     """caption.image_size, else the pretrained model's, else model.vision.image_size."""
-    if cfg.caption.image_size is not None:
-        return cfg.caption.image_size
-    if cfg.init_from:
-        with open(os.path.join(cfg.init_from, "config.json")) as f:
-            return int(json.load(f)["vision"]["image_size"])
-    return cfg.model.vision.image_size
+    return finetune_image_size(cfg, cfg.caption.image_size)
 
 
 def captioner(config: ModelConfig, state: dict | None = None) -> nn.Module:

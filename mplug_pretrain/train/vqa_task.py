@@ -14,7 +14,6 @@ and the fusion too. The shared loop (train/loop.py) does DeepSpeed, the schedule
 """
 from __future__ import annotations
 
-import json
 import os
 
 import torch
@@ -25,6 +24,7 @@ from mplug_pretrain.config import Config
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.train.checkpoint import TrainerState
+from mplug_pretrain.train.finetune_image_size import finetune_image_size
 from mplug_pretrain.train.loop import TrainTask, run_training
 
 
@@ -84,12 +84,7 @@ def freeze_parts(model: nn.Module, names: list[str]) -> nn.Module:
 
 def training_image_size(cfg: Config) -> int:
     """The training resolution: vqa.image_size, else the pretrained model's, else model.vision.image_size."""
-    if cfg.vqa.image_size is not None:
-        return cfg.vqa.image_size
-    if cfg.init_from:
-        with open(os.path.join(cfg.init_from, "config.json")) as f:
-            return int(json.load(f)["vision"]["image_size"])
-    return cfg.model.vision.image_size
+    return finetune_image_size(cfg, cfg.vqa.image_size)
 
 
 def build_model(cfg: Config) -> nn.Module:
