@@ -49,7 +49,6 @@ class GenerationSettings(_SavedBesideWeights):
         return cls(c.prompt, c.beam_size, c.max_length, c.min_length, c.length_penalty)
 
 
-
 @dataclass
 class AnswerSettings(_SavedBesideWeights):
     FILE = ANSWER_FILE
