@@ -32,7 +32,7 @@ def _env(tree: str) -> dict:
 
 
 def loop_step_time(tree: str, shards: str, tmp: str, name: str) -> float:
-    args = [sys.executable, "-m", "mplug_pretrain.cli", "pretrain", "--config",
+    args = [sys.executable, "-m", "mplug_pretrain", "pretrain", "--config",
             os.path.join(tree, "configs", "pretrain_tiny.yaml"), f"data.train_shards={shards}",
             "data.num_workers=1", "optim.max_steps=14", "optim.warmup_steps=1", "distributed.zero_stage=2",
             f"run.output_dir={tmp}", f"run.name={name}", "run.tensorboard=false", "run.checkpoint_every_steps=1000"]

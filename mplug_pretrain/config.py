@@ -19,7 +19,7 @@ import yaml
 from mplug_pretrain.config_loader import build_dataclass, deep_merge, parse_overrides, to_dict
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.model_config import ModelConfig
-from mplug_pretrain.resources import deepspeed_template
+from mplug_pretrain.utils.resources import deepspeed_template
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -225,7 +225,7 @@ def config_from_dict(raw: dict, check_paths: bool = True) -> Config:
         except KeyError as err:
             raise ConfigError(f"model.preset: unknown preset {preset!r}") from err
     cfg = build_dataclass(Config, raw, "", base=cfg)
-    from mplug_pretrain.models.bert_init import follow_bert_checkpoints
+    from mplug_pretrain.models.weights.bert import follow_bert_checkpoints
     follow_bert_checkpoints(cfg.model, raw.get("model") or {})  # sizes + compatibility, before any heavy work
     validate(cfg, check_paths=check_paths)
     return cfg

@@ -13,7 +13,7 @@ import pytest
 @pytest.fixture(scope="session")
 def demo_shards():
     """The embedded demo shards (made on first use, shared by every test that needs real shards)."""
-    from mplug_pretrain.data.demo_shards import ensure_demo_shards
+    from mplug_pretrain.demo.shards import ensure_demo_shards
     paths = ensure_demo_shards(os.path.join(REPO_ROOT, "data_shards"))
     return {k: v if os.path.isabs(v) else os.path.join(REPO_ROOT, v) for k, v in paths.items()}
 

@@ -10,7 +10,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run_mplug(args, env=None, timeout=900):
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "mplug_pretrain.cli", *args], check=False, cwd=REPO_ROOT, env=full_env,
+    return subprocess.run([sys.executable, "-m", "mplug_pretrain", *args], check=False, cwd=REPO_ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -1,7 +1,8 @@
-"""One command registry (command_registry.py) with no silent filter: the `mplug` parser offers exactly the
-registered commands (those DESIGN names among them), every registered module imports, an entry whose module is
-missing is an error rather than a vanished command, and a missing optional package is named, with its extra,
-when the command that needs it runs."""
+"""One command list (cli/app.py COMMANDS) and one task registry (cli/registry.py) with no silent filter: the
+`mplug` parser offers exactly the registered commands and tasks (those DESIGN names among them), every registered
+task module imports, a command whose registration fails is an error rather than a vanished command, `mplug submit`
+offers the registry's tasks, and a missing optional package is named, with its extra, when the command that needs
+it runs."""
 import argparse
 import configparser
 import os
@@ -10,9 +11,9 @@ import sys
 
 import pytest
 
-from mplug_pretrain import command_registry
-from mplug_pretrain.cli import build_parser
-from mplug_pretrain.command_registry import MissingDependencyError, missing_dependency
+from mplug_pretrain.cli import app as cli_main
+from mplug_pretrain.cli import build_parser, registry
+from mplug_pretrain.cli.registry import MissingDependencyError, missing_dependency
 from tests.helpers import REPO_ROOT
 
 # DESIGN.md "Command interface": the names users and acceptance checks rely on
@@ -29,27 +30,37 @@ def _choices(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPars
 
 def test_the_parser_offers_exactly_the_registered_commands_and_tasks():
     commands = _choices(build_parser())
-    assert list(commands) == list(command_registry.COMMANDS)
+    assert list(commands) == list(cli_main.COMMANDS)
     assert DESIGN_COMMANDS <= set(commands)
-    assert set(_choices(commands["finetune"])) == set(command_registry.FINETUNE_TASKS) >= DESIGN_FINETUNE
-    assert set(_choices(commands["eval"])) == set(command_registry.EVAL_TASKS) >= DESIGN_EVAL
+    assert set(_choices(commands["finetune"])) == set(registry.FINETUNE_TASKS) >= DESIGN_FINETUNE
+    assert set(_choices(commands["eval"])) == set(registry.EVAL_TASKS) >= DESIGN_EVAL
     (bench_name,) = [a for a in commands["bench"]._actions if a.dest == "name"]
-    assert set(bench_name.choices) == set(command_registry.BENCHES) | {"all"}
-    assert DESIGN_BENCH <= set(command_registry.BENCHES)
+    assert set(bench_name.choices) == set(registry.BENCHES) | {"all"}
+    assert DESIGN_BENCH <= set(registry.BENCHES)
 
 
-def test_every_registered_module_imports():
-    for target in command_registry.COMMANDS.values():
-        assert callable(command_registry.resolve(target)), target
-    for registry in (command_registry.FINETUNE_TASKS, command_registry.EVAL_TASKS, command_registry.BENCHES):
-        for name in registry:
-            assert callable(command_registry.import_task(registry, name, name).run), name
+def test_every_registered_task_module_imports_and_runs_something():
+    for table in (registry.FINETUNE_TASKS, registry.EVAL_TASKS, registry.BENCHES):
+        for name, load in table.items():
+            assert callable(load().run), name
 
 
-def test_a_command_whose_module_is_missing_is_an_error_not_a_vanished_command(monkeypatch):
-    monkeypatch.setitem(command_registry.COMMANDS, "ghost", "mplug_pretrain.no_such_module:register")
+def test_a_command_whose_registration_fails_is_an_error_not_a_vanished_command(monkeypatch):
+    def broken(sub):
+        raise ModuleNotFoundError("No module named 'mplug_pretrain.no_such_module'", name="mplug_pretrain.no_such_module")
+
+    monkeypatch.setitem(cli_main.COMMANDS, "ghost", broken)
     with pytest.raises(ModuleNotFoundError, match="mplug_pretrain.no_such_module"):
         build_parser()
+
+
+def test_submit_offers_every_registered_task():
+    commands = _choices(build_parser())
+    submit_kinds = _choices(commands["submit"])
+    (task,) = [a for a in submit_kinds["finetune"]._actions if a.dest == "task"]
+    assert set(task.choices) == set(registry.FINETUNE_TASKS)
+    (tasks,) = [a for a in submit_kinds["eval"]._actions if a.dest == "tasks"]
+    assert all(name in tasks.help for name in registry.EVAL_TASKS)
 
 
 def test_optional_packages_are_the_extras_of_setup_cfg():
@@ -57,7 +68,7 @@ def test_optional_packages_are_the_extras_of_setup_cfg():
     setup.read(os.path.join(REPO_ROOT, "setup.cfg"))
     extras = {name: {line.strip() for line in value.splitlines() if line.strip()}
               for name, value in setup["options.extras_require"].items()}
-    for module, (distribution, extra) in command_registry.OPTIONAL_PACKAGES.items():
+    for module, (distribution, extra) in registry.OPTIONAL_PACKAGES.items():
         assert distribution in extras.get(extra, set()), f"{module}: {distribution} is not in the extra {extra!r}"
 
 

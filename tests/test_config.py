@@ -92,7 +92,7 @@ def test_shipped_configs_load():
 
 def test_cli_reports_bad_config_before_work(tmp_path):
     path = write_yaml(tmp_path, {"optim": {"warmup_steps": "soon"}})
-    proc = subprocess.run([sys.executable, "-m", "mplug_pretrain.cli", "pretrain", "--config", path], check=False,
+    proc = subprocess.run([sys.executable, "-m", "mplug_pretrain", "pretrain", "--config", path], check=False,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "optim.warmup_steps" in proc.stderr

@@ -26,7 +26,7 @@ from PIL import Image
 
 from mplug_pretrain.cli import build_parser, main
 from mplug_pretrain.config import load_config
-from mplug_pretrain.data.demo_shards import ensure_demo_shards
+from mplug_pretrain.demo.shards import ensure_demo_shards
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLACEHOLDER = re.compile(r"<[^>]+>|\b[A-Z][A-Z_]*_DIR\b")

@@ -108,3 +108,36 @@ def test_models_and_data_never_import_train_or_eval():
     edges = sorted((a, b) for a, targets in graph.items() for b in targets
                    if _layer(a) in ("models", "data") and _layer(b) in ("train", "eval"))
     assert edges == [], f"model/data code imports training or evaluation code: {edges}"
+
+
+# Layers, bottom up; a module may import its own layer and those below, never above. The package root's own
+# modules (config, errors, compat, factory) sit beside utils; __main__ is the top.
+LAYERS = [{"utils", ""}, {"models", "data"}, {"eval"}, {"train"}, {"bench", "demo", "slurm"}, {"cli"}]
+
+
+def _rank(module: str) -> int:
+    if module == "mplug_pretrain.__main__":
+        return len(LAYERS)
+    parts = module.split(".")
+    layer = parts[1] if len(parts) > 1 and (PACKAGE_ROOT / parts[1]).is_dir() else ""  # a package's __init__ too
+    return next(i for i, names in enumerate(LAYERS) if layer in names)
+
+
+def test_every_subpackage_has_a_layer():
+    layers = {_layer(m) for m in import_graph()}
+    assert layers <= set().union(*LAYERS), f"add these folders to LAYERS: {layers - set().union(*LAYERS)}"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    graph = import_graph()
+    upward = sorted((a, b) for a, targets in graph.items() for b in targets
+                    if _rank(b) > _rank(a) and not (_layer(a) == "" and _layer(b) in ("models", "data")))
+    assert upward == [], f"imports of a higher layer (cli > bench/demo/slurm > train > eval > models/data): {upward}"
+
+
+def test_only_the_command_line_parses_arguments():
+    parsers = sorted(p.relative_to(PACKAGE_ROOT).as_posix() for p in PACKAGE_ROOT.rglob("*.py")
+                     if any(word in p.read_text() for word in ("ArgumentParser(", "add_argument(", "add_parser("))
+                     and p.relative_to(PACKAGE_ROOT).parts[0] not in ("cli", "bench"))
+    # bench/ keeps the entry points of its own worker subprocesses (python -m mplug_pretrain.bench.X --worker)
+    assert parsers == [], f"argument parsing outside cli/: {parsers}"

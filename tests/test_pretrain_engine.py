@@ -59,7 +59,7 @@ def test_kill9_then_resume_equals_uninterrupted(tmp_path, demo_shards):
 
     args = tiny_pretrain_args(tmp_path, demo_shards, "killed", steps=steps, extra=common)
     run_dir = tmp_path / "killed"
-    victim = subprocess.Popen([sys.executable, "-m", "mplug_pretrain.cli", "pretrain", "--nproc", "2", *args],
+    victim = subprocess.Popen([sys.executable, "-m", "mplug_pretrain", "pretrain", "--nproc", "2", *args],
                               cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     latest = run_dir / "checkpoints" / "latest"

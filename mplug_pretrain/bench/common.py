@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from mplug_pretrain.json_files import write_json_atomic
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 
 def machine_info() -> dict:
@@ -62,9 +62,9 @@ def write_bench(name: str, rows: list[dict], out: str, **extra) -> dict:
 
 def pretrain_batch(preset: str, batch_size: int) -> dict:
     """One pretraining batch from the demo shards at ``preset``'s image size (text padded to 30 tokens)."""
-    from mplug_pretrain.data.demo_shards import ensure_demo_shards
     from mplug_pretrain.data.pipeline import build_pretrain_loader
     from mplug_pretrain.data.tokenizer import load_tokenizer
+    from mplug_pretrain.demo.shards import ensure_demo_shards
     from mplug_pretrain.models.presets import get_preset_config
     image_size = get_preset_config(preset).vision.image_size
     loader = build_pretrain_loader(ensure_demo_shards()["pretrain_train"], batch_size=batch_size,

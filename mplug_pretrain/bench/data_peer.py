@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable, Iterable
 
 from mplug_pretrain.bench.common import write_bench
-from mplug_pretrain.data.demo_shards import ensure_demo_shards
 from mplug_pretrain.data.pipeline import build_pretrain_loader
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.data.transforms import build_train_transform
+from mplug_pretrain.demo.shards import ensure_demo_shards
 
 BATCH_SIZE, IMAGE_SIZE, MAX_TEXT_LEN = 32, 64, 30
 

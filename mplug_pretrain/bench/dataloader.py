@@ -16,9 +16,9 @@ import argparse
 import time
 
 from mplug_pretrain.bench.common import write_bench
-from mplug_pretrain.data.demo_shards import ensure_demo_shards
 from mplug_pretrain.data.pipeline import build_pretrain_loader
 from mplug_pretrain.data.tokenizer import load_tokenizer
+from mplug_pretrain.demo.shards import ensure_demo_shards
 
 BATCH_SIZE = 32
 IMAGE_SIZES = (64, 256)  # tiny preset, base preset (mPLUG's pretraining resolution)

@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Literal
 
-from mplug_pretrain.json_files import write_json_atomic
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 ImageId = Hashable
 Predictions = Mapping[ImageId, str] | Sequence[Mapping[str, object]]

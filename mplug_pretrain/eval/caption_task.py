@@ -22,13 +22,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from mplug_pretrain import process_group
 from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.eval.output_paths import beside_metrics
-from mplug_pretrain.json_files import write_json_atomic
 from mplug_pretrain.models.generation_settings import GENERATION_FILE, GenerationSettings  # noqa: F401 (re-export)
 from mplug_pretrain.models.inference import caption_images, decode_captions  # noqa: F401 (re-export)
+from mplug_pretrain.utils import process_group
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 
 def generate_captions(model: nn.Module, loader, tokenizer, settings: GenerationSettings,

@@ -56,7 +56,7 @@ def predict(checkpoint: str, paths: list[str], settings, batch_size: int = 16, t
     """-> [(file, caption)] for every image file of ``paths`` (the library API: model.caption)."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
     from mplug_pretrain.factory import create_model_and_transforms
-    from mplug_pretrain.process_group import device
+    from mplug_pretrain.utils.process_group import device
     files = image_files(paths)
     model, _, transform, tokenizer = create_model_and_transforms(checkpoint, device=device())
     if tokenizer_path:
@@ -68,37 +68,3 @@ def predict(checkpoint: str, paths: list[str], settings, batch_size: int = 16, t
         images = torch.stack([load_image(f, transform) for f in chunk])
         results.extend(zip(chunk, model.caption(images, **vars(settings))))
     return results
-
-
-def cmd_caption(args) -> int:
-    import dataclasses
-
-    from mplug_pretrain.eval.caption_metrics import write_caption_results
-    from mplug_pretrain.models.generation_settings import GenerationSettings
-    if not os.path.isfile(os.path.join(args.checkpoint, "config.json")):
-        raise FileNotFoundError(f"--checkpoint: {args.checkpoint} is not a model folder (no config.json)")
-    settings = GenerationSettings.from_model_dir(args.checkpoint)
-    overrides = {k: v for k, v in (("prompt", args.prompt), ("beam_size", args.beam_size),
-                                   ("max_length", args.max_length), ("min_length", args.min_length)) if v is not None}
-    settings = dataclasses.replace(settings, **overrides)
-    results = predict(args.checkpoint, args.images, settings, args.batch_size, args.tokenizer)
-    for path, caption in results:
-        print(f"{path}\t{caption}", flush=True)
-    if args.out:
-        write_caption_results({image_id_from_path(p): c for p, c in results}, args.out)
-    return 0
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("caption", help="caption image files with a fine-tuned model folder")
-    p.add_argument("--checkpoint", required=True, help="a model folder (a run's model/, or `mplug export`)")
-    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files or folders of images")
-    p.add_argument("--prompt", default=None, help="default: the model folder's caption_generation.json, else "
-                                                  "'a picture of'")
-    p.add_argument("--beam-size", type=int, default=None)
-    p.add_argument("--max-length", type=int, default=None)
-    p.add_argument("--min-length", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--tokenizer", default=None, help="folder with vocab.txt (default: bert-base-uncased's)")
-    p.add_argument("--out", default=None, help="also write the captions in the COCO results format")
-    p.set_defaults(func=cmd_caption)

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.eval.retrieval import embed_images, embed_texts, evaluate_retrieval, model_device
 from mplug_pretrain.eval.video_encoding import SkipReport
-from mplug_pretrain.json_files import write_json_atomic
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import re
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Literal
 
-from mplug_pretrain.json_files import write_json_atomic
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 Normalization = Literal["official_2021", "legacy"]
 

@@ -25,8 +25,8 @@ from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.eval.output_paths import beside_metrics
 from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa, write_vqa_submission
 from mplug_pretrain.eval.vqa_ranking import rank_answers
-from mplug_pretrain.json_files import write_json_atomic
 from mplug_pretrain.models.generation import beam_search, token_mask
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 
 def decode_answers(tokenizer, sequences: torch.Tensor) -> list[str]:

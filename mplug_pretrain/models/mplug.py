@@ -39,7 +39,7 @@ from mplug_pretrain.models.inference import InferenceMixin
 from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.models.text import TextEncoder, pool_text
 from mplug_pretrain.models.vision import ImageEncoder, resize_positional_embedding
-from mplug_pretrain.models.weights_file import load_weights_into, save_weights
+from mplug_pretrain.models.weights.reader import load_weights_into, save_weights
 
 LOSS_NAMES = ("itc", "itm", "mlm", "prefixlm")
 CONFIG_FILE = "config.json"
@@ -105,12 +105,12 @@ class MPLUG(InferenceMixin, nn.Module):
         nn.init.normal_(self.text_encoder.embeddings.word_embeddings.weight, std=0.1)
 
     def _load_pretrained_parts(self) -> None:
-        from mplug_pretrain.models.bert_init import (
+        from mplug_pretrain.models.weights.bert import (
             init_decoder_from_bert,
             init_text_from_bert,
             warn_if_text_features_collapse,
         )
-        from mplug_pretrain.models.vision_checkpoint import load_vision_checkpoint
+        from mplug_pretrain.models.weights.clip_vision import load_vision_checkpoint
         v = self.config.vision
         if v.checkpoint_path:
             load_vision_checkpoint(self.image_encoder.vit, v.checkpoint_path, v.checkpoint_format)

@@ -29,13 +29,13 @@ from torch import nn
 
 from mplug_pretrain.config import Config, StageConfig
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.process_group import barrier, rank
 from mplug_pretrain.train.caption_data import CaptionImageFormat, CaptionText, load_references, prompt_ids
 from mplug_pretrain.train.caption_losses import scst_batch_loss, xe_batch_loss
 from mplug_pretrain.train.caption_model import captioner, load_caption_model, training_image_size
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training, seed_everything
 from mplug_pretrain.train.scst import CiderDReward
+from mplug_pretrain.utils.process_group import barrier, rank
 
 STAGE_DONE = "stage_done.json"
 

@@ -63,7 +63,7 @@ def _slurm_master_addr() -> str:
     return "127.0.0.1"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -80,7 +80,7 @@ def export_launcher_env(info: WorldInfo) -> None:
         os.environ.setdefault("MASTER_PORT", str(20000 + job_id % 20000))
     elif info.launcher == "single":
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     else:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
@@ -113,7 +113,7 @@ def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> Wo
 
 
 def is_main_process() -> bool:
-    from mplug_pretrain.process_group import rank
+    from mplug_pretrain.utils.process_group import rank
     return rank() == 0
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from mplug_pretrain import process_group
 from mplug_pretrain.config import Config, deepspeed_config, resolve_precision
+from mplug_pretrain.utils import process_group
 
 
 def use_fused_adamw(train_device_type: str, offload_optimizer: bool) -> bool:

@@ -25,12 +25,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from mplug_pretrain import process_group
 from mplug_pretrain.data.cached_features import DTYPES, META, cache_key
 from mplug_pretrain.data.epoch_plan import derive_seed
 from mplug_pretrain.data.image_decode import decode_image, decode_json, image_field
 from mplug_pretrain.data.urls import all_shards, expand_sources
 from mplug_pretrain.errors import DataError
+from mplug_pretrain.utils import process_group
 
 
 class CacheInputFormat:
@@ -134,33 +134,3 @@ def build_feature_cache(model: nn.Module, urls: str, root: str, image_size: int,
         log(f"[cache] complete: {folder}")
     process_group.barrier()
     return folder
-
-
-# ----------------------------------------------------------------- `mplug cache-features`
-def cmd_cache_features(args) -> int:
-    from mplug_pretrain.config import load_config
-    from mplug_pretrain.errors import ConfigError
-    from mplug_pretrain.train.caption_model import load_caption_model, training_image_size
-    cfg = load_config(args.config, args.overrides)
-    if not cfg.caption.train_shards:
-        raise ConfigError("caption.train_shards: required (the images whose features are cached)")
-    if not cfg.init_from:
-        raise ConfigError("init_from: required (the model whose frozen ViT computes the features)")
-    image_size = training_image_size(cfg)
-    model = load_caption_model(cfg.init_from, cfg.model, image_size)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device)
-    root = cfg.caption.feature_cache or os.path.join(cfg.run_dir, "feature_cache")
-    folder = build_feature_cache(model, cfg.caption.train_shards, root, image_size, cfg.caption.feature_dtype,
-                                 batch_size=cfg.eval.batch_size, num_workers=cfg.data.num_workers)
-    print(folder)
-    return 0
-
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("cache-features", help="cache the frozen ViT features of caption.train_shards "
-                                                     "(fast recipe stages with cached_features)")
-    p.add_argument("--config", required=True, help="YAML run config (configs/caption_*.yaml)")
-    p.add_argument("overrides", nargs="*", metavar="key=value")
-    p.set_defaults(func=cmd_cache_features)
-

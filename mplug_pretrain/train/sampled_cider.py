@@ -13,11 +13,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mplug_pretrain import process_group
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.eval.caption_task import gather_to_all
 from mplug_pretrain.models.generation import sample
 from mplug_pretrain.train.scst import CiderDReward, decode_samples
+from mplug_pretrain.utils import process_group
 
 
 @torch.no_grad()

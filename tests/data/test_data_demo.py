@@ -6,9 +6,9 @@ import time
 import pytest
 
 from mplug_pretrain.bench import dataloader as dataloader_bench
-from mplug_pretrain.data.demo_shards import ensure_demo_shards
 from mplug_pretrain.data.manifest import read_manifest
 from mplug_pretrain.data.urls import expand_sources
+from mplug_pretrain.demo.shards import ensure_demo_shards
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mplug_pretrain.data.make_shards_cli import add_make_shards_parser
+from mplug_pretrain.cli.commands import make_shards
 from mplug_pretrain.data.manifest import read_manifest
 from mplug_pretrain.data.shard_writer import ShardWriter
 from mplug_pretrain.data.synthetic_scenes import COLORS, POSITION_PHRASES
@@ -253,7 +253,7 @@ def test_rolling_by_bytes_and_unique_keys(tmp_path):
 
 def test_make_shards_cli(tmp_path, capsys):
     parser = argparse.ArgumentParser()
-    add_make_shards_parser(parser.add_subparsers(dest="command"))
+    make_shards.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["make-shards", "synthetic", "--out", str(tmp_path), "--num", "5",
                               "--captions-per-scene", "2", "--shard-size", "4", "--name", "demo"])
     assert args.func(args) == 0

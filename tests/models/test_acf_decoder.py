@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import mplug_pretrain  # noqa: F401
-from mplug_pretrain.models.acf_decoder import ACFDecoder
+from mplug_pretrain.models.acf.decoder import ACFDecoder
 from mplug_pretrain.models.model_config import DecoderConfig
 
 VOCAB, WIDTH = 40, 16

@@ -10,9 +10,13 @@ import torch
 
 import mplug_pretrain  # noqa: F401
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.acf import ClusteredSelfAttention, ClusterEstimator1D, ClusterEstimator2D
-from mplug_pretrain.models.acf_decoder import ACFDecoder
-from mplug_pretrain.models.acf_encoder import ACFVisualRefiner
+from mplug_pretrain.models.acf.clustering import (
+    ClusteredSelfAttention,
+    ClusterEstimator1D,
+    ClusterEstimator2D,
+)
+from mplug_pretrain.models.acf.decoder import ACFDecoder
+from mplug_pretrain.models.acf.encoder import ACFVisualRefiner
 from mplug_pretrain.models.model_config import DecoderConfig, VisualRefinerConfig
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}

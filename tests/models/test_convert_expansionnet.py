@@ -11,14 +11,14 @@ import torch.nn.functional as F
 import mplug_pretrain  # noqa: F401
 from mplug_pretrain.cli import main
 from mplug_pretrain.errors import DataError
-from mplug_pretrain.models.convert_expansionnet import (
+from mplug_pretrain.models.expansionnet.decoder import ExpansionDecoder
+from mplug_pretrain.models.expansionnet.encoder import StaticExpansionRefiner
+from mplug_pretrain.models.model_config import DecoderConfig, VisualRefinerConfig
+from mplug_pretrain.models.weights.expansionnet_official import (
     convert_expansionnet,
     load_converted,
     read_expansionnet_checkpoint,
 )
-from mplug_pretrain.models.expansion_decoder import ExpansionDecoder
-from mplug_pretrain.models.expansion_encoder import StaticExpansionRefiner
-from mplug_pretrain.models.model_config import DecoderConfig, VisualRefinerConfig
 
 D, FF, HEADS, VOCAB, MAX_LEN, N_ENC, N_DEC, N_EXP_DEC, ENC_GROUP, EPS = 16, 24, 2, 20, 10, 2, 2, 3, (2, 3, 4), 1e-9
 

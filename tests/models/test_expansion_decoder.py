@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 import mplug_pretrain  # noqa: F401
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.expansion_decoder import ExpansionDecoder
+from mplug_pretrain.models.expansionnet.decoder import ExpansionDecoder
 from mplug_pretrain.models.model_config import DecoderConfig
 
 VOCAB, WIDTH = 40, 16

@@ -94,7 +94,7 @@ def test_minilm_cls_collapses_mean_pooling_does_not_and_the_user_is_warned(minil
         cfg = load_config(TINY, [f"model.text.bert_checkpoint={minilm_path}", "model.text.encoder_layers=3",
                                  f"model.itc_pooling={pooling}"], check_paths=False)
         torch.manual_seed(0)
-        with caplog.at_level(logging.WARNING, logger="mplug_pretrain.models.bert_init"):
+        with caplog.at_level(logging.WARNING, logger="mplug_pretrain.models.weights.bert"):
             caplog.clear()
             model = MPLUG(cfg.model).eval()
         warned = [r for r in caplog.records if "itc_pooling=mean" in r.getMessage()]

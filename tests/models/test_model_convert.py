@@ -10,8 +10,12 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM, BertLMHeadModel, BertModel
 
-from mplug_pretrain.models.convert import convert_official_state_dict, describe, load_official_checkpoint
 from mplug_pretrain.models.presets import build_model
+from mplug_pretrain.models.weights.mplug_official import (
+    convert_official_state_dict,
+    describe,
+    load_official_checkpoint,
+)
 
 K, F, WIDTH, Q, E = 2, 2, 128, 1024, 256  # tiny preset
 

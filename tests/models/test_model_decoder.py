@@ -7,9 +7,9 @@ from transformers import BertConfig, BertLMHeadModel
 
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.bert_decoder import BertDecoder
-from mplug_pretrain.models.bert_init import rename_embedding_key, rename_layer_key, rename_lm_head_key
 from mplug_pretrain.models.decoder_factory import build_decoder, build_visual_refiner
 from mplug_pretrain.models.model_config import DecoderConfig, VisualRefinerConfig
+from mplug_pretrain.models.weights.bert import rename_embedding_key, rename_layer_key, rename_lm_head_key
 
 V, W = 120, 32
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from transformers import BertConfig, BertModel
 
-from mplug_pretrain.models.bert_init import rename_embedding_key, rename_layer_key
 from mplug_pretrain.models.text import TextEncoder
+from mplug_pretrain.models.weights.bert import rename_embedding_key, rename_layer_key
 
 
 def hf_to_text_encoder(sd: dict) -> dict:

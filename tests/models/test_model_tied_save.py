@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from mplug_pretrain.models.mplug import MPLUG, WEIGHTS_FILE
 from mplug_pretrain.models.presets import build_model
-from mplug_pretrain.models.weights_file import tied_aliases
+from mplug_pretrain.models.weights.reader import tied_aliases
 
 
 def decoder_output_and_token_embedding(model: MPLUG) -> tuple[torch.Tensor, torch.Tensor]:

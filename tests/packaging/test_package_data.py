@@ -13,7 +13,7 @@ CHECK = """
 import json, os, sys
 import mplug_pretrain
 from mplug_pretrain.config import deepspeed_config, load_config
-from mplug_pretrain.resources import config_file, deepspeed_template
+from mplug_pretrain.utils.resources import config_file, deepspeed_template
 site = sys.argv[1]
 assert mplug_pretrain.__file__.startswith(site), mplug_pretrain.__file__
 cfg = load_config(config_file("pretrain_tiny.yaml"), ["distributed.zero_stage=2"], check_paths=False)

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from mplug_pretrain.slurm_script import SlurmJob, render_script
+from mplug_pretrain.slurm.script import SlurmJob, render_script
 
 pytestmark = pytest.mark.slow
 
@@ -140,7 +140,7 @@ def test_eval_array_runs_one_command_per_index(slurm_cluster, tmp_path):
 
 def _mplug_submit(slurm_cluster, cwd, *argv: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-m", "mplug_pretrain.cli", "submit", *argv],
+        [sys.executable, "-m", "mplug_pretrain", "submit", *argv],
         check=False,
         cwd=cwd,
         env=slurm_cluster.env,
@@ -179,7 +179,7 @@ def test_mplug_submit_pretrain_and_eval_array(slurm_cluster, tmp_path, submit_co
         c["argv"]
         == [
             "-m",
-            "mplug_pretrain.cli",
+            "mplug_pretrain",
             "pretrain",
             "--config",
             submit_config,

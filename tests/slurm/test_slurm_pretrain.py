@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 
 def submit(slurm_cluster, *argv):
-    result = subprocess.run([sys.executable, "-m", "mplug_pretrain.cli", "submit", *argv], check=False, cwd=REPO_ROOT,
+    result = subprocess.run([sys.executable, "-m", "mplug_pretrain", "submit", *argv], check=False, cwd=REPO_ROOT,
                             env=slurm_cluster.env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     job_id = result.stdout.strip()

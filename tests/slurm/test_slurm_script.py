@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.slurm_script import SlurmJob, array_indices, render_script, time_limit_seconds
+from mplug_pretrain.slurm.script import SlurmJob, array_indices, render_script, time_limit_seconds
 
 PRINT_ARGV = "import json, sys; print('ARGV ' + json.dumps(sys.argv[1:]))"
 

@@ -42,7 +42,7 @@ def test_pretrain_runs_the_cli_with_resume_and_verbatim_overrides(
     [call] = argv_recorder.calls()
     assert call["argv"] == [
         "-m",
-        "mplug_pretrain.cli",
+        "mplug_pretrain",
         "pretrain",
         "--config",
         config,
@@ -63,7 +63,7 @@ def test_finetune_command(tmp_path, submit_config, capsys, fake_slurm, argv_reco
     [call] = argv_recorder.calls()
     assert call["argv"] == [
         "-m",
-        "mplug_pretrain.cli",
+        "mplug_pretrain",
         "finetune",
         "vqa",
         "--config",
@@ -105,7 +105,7 @@ def test_eval_array_covers_every_task_and_checkpoint(
             expected.append(
                 [
                     "-m",
-                    "mplug_pretrain.cli",
+                    "mplug_pretrain",
                     "eval",
                     task,
                     "--config",
@@ -190,7 +190,7 @@ def test_overrides_after_checkpoint_reach_every_command(tmp_path, submit_config,
 
 def test_array_outputs_are_named_after_the_run_and_step(tmp_path, submit_config, capsys):
     """Two runs' final ``model/`` folders used to give ``0-caption-model.json`` and ``1-caption-model.json``."""
-    from mplug_pretrain.submit import checkpoint_label
+    from mplug_pretrain.slurm.submit import checkpoint_label
     folders = []
     for run, step in (("run_a", 20), ("run_b", 40)):
         run_dir = tmp_path / "runs" / run

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
-from mplug_pretrain.data.demo_shards import ensure_demo_shards
 from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards
+from mplug_pretrain.demo.shards import ensure_demo_shards
 from mplug_pretrain.models.presets import build_model
 from tests.helpers import REPO_ROOT, read_log, run_mplug
 

@@ -7,7 +7,7 @@ import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
 from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards, write_synthetic_video_shards
-from mplug_pretrain.eval.zero_shot_demo import retrieval_demo, video_retrieval_demo
+from mplug_pretrain.demo.retrieval_stage import retrieval_demo, video_retrieval_demo
 from mplug_pretrain.models.presets import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,7 +28,7 @@ def setup(tmp_path_factory):
 
 def test_retrieval_demo(setup):
     model_dir, shards = setup
-    out = retrieval_demo(model_dir, shards)
+    out = retrieval_demo(model_dir, shards, os.path.dirname(model_dir))
     # chance with 8 images x 3 captions: image -> text 3/24, text -> image 1/8
     assert out["retrieval_chance"] == pytest.approx(100 * (3 / 24 + 1 / 8) / 2)
     assert out["retrieval_r1"] == pytest.approx((out["retrieval_txt_r1"] + out["retrieval_img_r1"]) / 2)
@@ -37,7 +37,7 @@ def test_retrieval_demo(setup):
 
 def test_video_retrieval_demo(setup):
     model_dir, shards = setup
-    out = video_retrieval_demo(model_dir, shards)
+    out = video_retrieval_demo(model_dir, shards, os.path.dirname(model_dir))
     assert out["video_retrieval_chance"] == pytest.approx(100 * (3 / 18 + 1 / 6) / 2)  # 6 videos x 3 captions
     directions = (out["video_retrieval_txt_r1"], out["video_retrieval_vid_r1"])
     assert out["video_retrieval_r1"] == pytest.approx(sum(directions) / 2)

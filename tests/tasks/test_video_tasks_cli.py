@@ -11,13 +11,13 @@ import torch
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
 from mplug_pretrain.cli import main
 from mplug_pretrain.config import config_from_dict
-from mplug_pretrain.data.demo_shards import ensure_demo_shards
 from mplug_pretrain.data.synthetic_videos import (
     encode_mp4,
     motion_captions,
     render_motion_frames,
     sample_motion,
 )
+from mplug_pretrain.demo.shards import ensure_demo_shards
 from mplug_pretrain.eval import video_qa_task, video_retrieval_task
 from mplug_pretrain.eval.video_qa_task import load_video_mapping, read_qa_annotations
 from mplug_pretrain.eval.video_retrieval_task import read_caption_annotations

@@ -14,10 +14,10 @@ from mplug_pretrain.data.pipeline import build_vqa_loader
 from mplug_pretrain.data.shard_writer import shard_pattern
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
 from mplug_pretrain.data.write_easy_vqa import write_easy_vqa_shards
+from mplug_pretrain.demo.vqa_stage import majority_baseline, read_vqa_answers
 from mplug_pretrain.eval.vqa_accuracy import vqa_accuracy
 from mplug_pretrain.eval.vqa_task import AnswerPredictor, answer_questions
 from mplug_pretrain.models.presets import build_model
-from mplug_pretrain.train.vqa_demo import majority_baseline, read_vqa_answers
 from mplug_pretrain.train.vqa_task import answer_pairs, freeze_pretraining_heads, weighted_answer_loss
 from tests.helpers import REPO_ROOT, read_log, run_mplug
 

@@ -43,7 +43,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resume_continues(tmp_path, demo_sh
     run_dir = tmp_path / "term"
     args = tiny_pretrain_args(tmp_path, demo_shards, "term", steps=200, extra=[
         "run.checkpoint_every_steps=1", "run.keep_last=2", "run.log_every=1", "distributed.zero_stage=2"])
-    proc = subprocess.Popen([sys.executable, "-m", "mplug_pretrain.cli", "pretrain", *args], cwd=REPO_ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "mplug_pretrain", "pretrain", *args], cwd=REPO_ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_step(run_dir, 3, proc)

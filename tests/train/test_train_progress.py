@@ -20,7 +20,7 @@ CPU_PEAK = 1e11
 def _run_on_pty(args, timeout=600):
     """Run the CLI with stdout and stderr on a pseudo-terminal; -> (exit code, everything it wrote)."""
     parent, child = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "mplug_pretrain.cli", *args], cwd=REPO_ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "mplug_pretrain", *args], cwd=REPO_ROOT,
                             stdin=subprocess.DEVNULL, stdout=child, stderr=child, close_fds=True)
     os.close(child)
     chunks = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # mplug_pretrain/
 
 
 def _shipped(folder: str, name: str) -> str:

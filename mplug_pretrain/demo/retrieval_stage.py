@@ -34,7 +34,7 @@ def _summary(prefix: str, metrics: dict, visual_name: str) -> dict:
     return out
 
 
-def retrieval_demo(pretrained_dir: str, shards: dict) -> dict:
+def retrieval_demo(pretrained_dir: str, shards: dict, run_root: str) -> dict:
     """-> {"retrieval_r1", "retrieval_chance" (both %), the detailed recalls (``_summary``)}."""
     from mplug_pretrain.eval import retrieval_task
     cfg = config_from_dict({"eval": {"shards": shards["pretrain_val"], **IMAGE_SETTINGS}})
@@ -42,7 +42,7 @@ def retrieval_demo(pretrained_dir: str, shards: dict) -> dict:
     return _summary("retrieval", metrics, "img")
 
 
-def video_retrieval_demo(pretrained_dir: str, shards: dict) -> dict:
+def video_retrieval_demo(pretrained_dir: str, shards: dict, run_root: str) -> dict:
     """-> {"video_retrieval_r1", "video_retrieval_chance" (both %), "videos_skipped", detailed recalls}."""
     from mplug_pretrain.eval import retrieval_task, video_retrieval_task
     cfg = config_from_dict({"eval": {"shards": shards["video"], **VIDEO_SETTINGS}})

@@ -20,7 +20,11 @@ from torch import Tensor, nn
 
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.decoder_api import DecoderOutput
-from mplug_pretrain.models.expansion import DynamicExpansion, DynamicExpansionState, LayerCombination
+from mplug_pretrain.models.expansionnet.layers import (
+    DynamicExpansion,
+    DynamicExpansionState,
+    LayerCombination,
+)
 from mplug_pretrain.models.model_config import DecoderConfig
 
 

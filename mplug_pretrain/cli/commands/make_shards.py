@@ -97,7 +97,7 @@ def run_video(args) -> int:
                                             **_sizes(args)))
 
 
-def add_make_shards_parser(subparsers) -> argparse.ArgumentParser:
+def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("make-shards", help="write WebDataset tar shards + manifest.json",
                                    description="Write WebDataset shards (NAME-%06d.tar) and a manifest.json with "
                                                "per-shard sample counts.")

@@ -7,28 +7,27 @@
 """
 from __future__ import annotations
 
-import importlib
-import json
 import os
 import shutil
 import time
 
 from mplug_pretrain.config import load_config
-from mplug_pretrain.resources import config_file
+from mplug_pretrain.demo.caption_stage import caption_demo
+from mplug_pretrain.demo.report import write_report
+from mplug_pretrain.demo.retrieval_stage import retrieval_demo, video_retrieval_demo
+from mplug_pretrain.demo.vqa_stage import vqa_demo
+from mplug_pretrain.utils.atomic_files import write_json_atomic
+from mplug_pretrain.utils.resources import config_file
 
 DEMO_CONFIG = config_file("demo.yaml")
 
-# (metric-producing stage, module, function), run in this order
+# (title, stage) in the order they run; each stage(pretrained_dir, shards, run_root) -> {metric: value}
 STAGES = [
-    ("zero-shot image-text retrieval", "mplug_pretrain.eval.zero_shot_demo", "retrieval_demo"),
-    ("caption fine-tuning (XE then SCST)", "mplug_pretrain.train.caption_demo", "caption_demo"),
-    ("VQA fine-tuning on easy-vqa", "mplug_pretrain.train.vqa_demo", "vqa_demo"),
-    ("zero-shot text-video retrieval", "mplug_pretrain.eval.zero_shot_demo", "video_retrieval_demo"),
+    ("zero-shot image-text retrieval", retrieval_demo),
+    ("caption fine-tuning (XE then SCST)", caption_demo),
+    ("VQA fine-tuning on easy-vqa", vqa_demo),
+    ("zero-shot text-video retrieval", video_retrieval_demo),
 ]
-
-
-def _stage_function(module_name: str, function_name: str):
-    return getattr(importlib.import_module(module_name), function_name)
 
 
 def _print_shard_summary(shards: dict) -> None:
@@ -42,7 +41,7 @@ def _print_shard_summary(shards: dict) -> None:
 
 
 def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", overrides: list[str] | None = None) -> dict:
-    from mplug_pretrain.data.demo_shards import ensure_demo_shards
+    from mplug_pretrain.demo.shards import ensure_demo_shards
     from mplug_pretrain.train.pretrain import run_pretrain
     from mplug_pretrain.train.run_log import plot_losses, read_log
 
@@ -59,14 +58,12 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     pretrained = os.path.join(cfg.run_dir, "model")
     timings = {"pretrain": time.time() - start}
     metrics: dict = {}
-    for title, module_name, function_name in STAGES:
-        fn = _stage_function(module_name, function_name)
+    for title, stage in STAGES:
         print(f"[demo] {title} ...", flush=True)
         t = time.time()
-        kwargs = {"run_root": out_root} if "run_root" in fn.__code__.co_varnames else {}
-        result = fn(pretrained, shards, **kwargs)
+        result = stage(pretrained, shards, out_root)
         metrics.update(result)
-        timings[function_name] = time.time() - t
+        timings[stage.__name__] = time.time() - t
         print(f"[demo] {title}: " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
                                              for k, v in result.items()), flush=True)
     records = read_log(cfg.run_dir)
@@ -78,9 +75,7 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     os.makedirs(os.path.join(out_root, "plots"), exist_ok=True)
     plot_losses(cfg.run_dir)
     shutil.copy(os.path.join(cfg.run_dir, "plots", "losses.png"), os.path.join(out_root, "plots", "pretrain_losses.png"))
-    with open(os.path.join(out_root, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=2)
-    from mplug_pretrain.demo_report import write_report
+    write_json_atomic(os.path.join(out_root, "metrics.json"), metrics)
     write_report(out_root, metrics, records)
     print(f"[demo] done in {metrics['total_seconds'] / 60:.1f} min: {out_root}/metrics.json, "
           f"{out_root}/report.md, {out_root}/plots/", flush=True)
@@ -89,20 +84,3 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
 
 def _mean(values: list[float]) -> float:
     return sum(values) / max(len(values), 1)
-
-
-def cmd_demo(args) -> int:
-    from mplug_pretrain.train.distributed import shutdown_distributed
-    try:
-        run_demo(args.out, args.shards, args.overrides)
-    finally:
-        shutdown_distributed()
-    return 0
-
-
-def register_demo(sub) -> None:
-    p = sub.add_parser("demo", help="the main job on the embedded data_shards/ (CPU, minutes)")
-    p.add_argument("--out", default="runs/demo")
-    p.add_argument("--shards", default="data_shards", help="where the demo shards live (made on first use)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides of configs/demo.yaml (pretraining)")
-    p.set_defaults(func=cmd_demo)

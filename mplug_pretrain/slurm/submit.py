@@ -10,7 +10,7 @@ Eval submits a job array: one array task per (task, checkpoint) pair, in that or
 ``<run_dir>/eval/<index>-<task>-<checkpoint label>.json`` (passed to ``mplug eval`` as ``--out``), the label
 naming the checkpoint's run and step (``checkpoint_label``). ``key=value`` words after ``--checkpoint``
 that are not existing paths are overrides, not checkpoints.
-The script layout and the preemption protocol are described in :mod:`mplug_pretrain.slurm_script`.
+The script layout and the preemption protocol are described in :mod:`mplug_pretrain.slurm.script`.
 """
 
 from __future__ import annotations
@@ -20,72 +20,14 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Collection
 
-from mplug_pretrain.cli_parsing import IntermixedParser
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.slurm_script import (
-    KINDS,
+from mplug_pretrain.slurm.script import (
     SlurmJob,
     check_sbatch_value,
     default_signal_seconds,
-    render_script,
 )
-
-FINETUNE_TASKS = ("caption", "vqa")
-EVAL_TASKS = ("caption", "vqa", "retrieval", "video-retrieval", "video-qa", "video-caption")
-
-
-def add_submit_parser(subparsers) -> None:
-    """Registers ``submit`` with one sub-command per job kind on the ``mplug`` parser."""
-    parser = subparsers.add_parser("submit", help="render an sbatch script into the run folder and submit it")
-    kinds = parser.add_subparsers(
-        dest="submit_kind", required=True, metavar="pretrain|finetune|eval", parser_class=IntermixedParser
-    )
-    helps = {
-        "pretrain": "multi-node pretraining (requeued with resume on preemption)",
-        "finetune": "fine-tuning: caption | vqa",
-        "eval": "a job array: one evaluation per (task, checkpoint)",
-    }
-    for kind in KINDS:
-        p = kinds.add_parser(kind, help=helps[kind])
-        if kind == "finetune":
-            p.add_argument("task", choices=FINETUNE_TASKS)
-        if kind == "eval":
-            p.add_argument("tasks", help="evaluation task(s), comma-separated: " + ",".join(EVAL_TASKS))
-            p.add_argument(
-                "--checkpoint",
-                nargs="+",
-                action="extend",
-                required=True,
-                metavar="DIR",
-                help="model folder(s); key=value words after them (not existing paths) are config overrides",
-            )
-            p.add_argument("--array", default=None, help="a subset of the array indices, e.g. 0-3%%2")
-        _add_job_options(p)
-        p.set_defaults(func=cmd_submit, submit_kind=kind)
-
-
-def _add_job_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="YAML run config (configs/*.yaml)")
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument(
-        "--gpus-per-node", type=int, default=0, help="one task per GPU; 0 = one CPU process per node"
-    )
-    p.add_argument("--time", required=True, help="time limit, HH:MM:SS or D-HH:MM:SS")
-    p.add_argument("--partition", default=None)
-    p.add_argument("--account", default=None)
-    p.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task (data-loader workers)")
-    p.add_argument("--job-name", default=None, help="default: <run.name>-<kind>")
-    p.add_argument(
-        "--signal-seconds",
-        type=int,
-        default=None,
-        help="USR1 this many seconds before the time limit: checkpoint, requeue, resume "
-        "(default 300, or a tenth of a shorter limit)",
-    )
-    p.add_argument("--python", default=None, help="python that runs the job (default: this one)")
-    p.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, passed on verbatim")
 
 
 def checkpoint_label(path: str) -> str:
@@ -115,8 +57,9 @@ def split_checkpoint_overrides(args: argparse.Namespace) -> None:
     args.checkpoint, args.overrides = checkpoints, [*args.overrides, *overrides]
 
 
-def build_job(kind: str, args: argparse.Namespace) -> SlurmJob:
-    """Validates the config (with its overrides) and the options; returns the job to render."""
+def build_job(kind: str, args: argparse.Namespace, eval_tasks: Collection[str] = ()) -> SlurmJob:
+    """Validates the config (with its overrides) and the options; returns the job to render. ``eval_tasks``:
+    the task names ``mplug eval`` offers (an eval job's tasks must be among them)."""
     from mplug_pretrain.config import load_config
 
     if kind == "eval":
@@ -127,14 +70,14 @@ def build_job(kind: str, args: argparse.Namespace) -> SlurmJob:
     python = args.python or sys.executable
     if os.sep in python:
         python = os.path.abspath(python)  # not realpath: a venv's python is a symlink that must stay one
-    program = (python, "-m", "mplug_pretrain.cli")
+    program = (python, "-m", "mplug_pretrain")
     overrides = tuple(args.overrides)
     if kind == "pretrain":
         commands = [(*program, "pretrain", "--config", config, "--resume", "auto", *overrides)]
     elif kind == "finetune":
         commands = [(*program, "finetune", args.task, "--config", config, "--resume", "auto", *overrides)]
     else:
-        commands = _eval_commands(program, config, run_dir, args, overrides)
+        commands = _eval_commands(program, config, run_dir, args, overrides, eval_tasks)
     job_name = args.job_name or check_sbatch_value(
         f"{cfg.run.name}-{kind}", "run.name (the default --job-name)"
     )
@@ -157,13 +100,14 @@ def build_job(kind: str, args: argparse.Namespace) -> SlurmJob:
 
 
 def _eval_commands(
-    program: tuple[str, ...], config: str, run_dir: str, args: argparse.Namespace, overrides: tuple[str, ...]
+    program: tuple[str, ...], config: str, run_dir: str, args: argparse.Namespace, overrides: tuple[str, ...],
+    eval_tasks: Collection[str],
 ) -> list[tuple[str, ...]]:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    unknown = [t for t in tasks if t not in EVAL_TASKS]
+    unknown = [t for t in tasks if t not in eval_tasks]
     if not tasks or unknown:
         raise ConfigError(
-            f"tasks: expected a comma-separated subset of {','.join(EVAL_TASKS)}, got {args.tasks!r}"
+            f"tasks: expected a comma-separated subset of {','.join(sorted(eval_tasks))}, got {args.tasks!r}"
         )
     checkpoints = [os.path.abspath(c) for c in args.checkpoint]
     for given, path in zip(args.checkpoint, checkpoints):
@@ -178,9 +122,6 @@ def _eval_commands(
     return commands
 
 
-def render_sbatch(kind: str, args: argparse.Namespace) -> str:
-    """The sbatch script ``mplug submit <kind>`` would write for these parsed arguments."""
-    return render_script(build_job(kind, args))
 
 
 def submit_script(job: SlurmJob, script: str) -> str:
@@ -204,19 +145,3 @@ def submit_script(job: SlurmJob, script: str) -> str:
     if result.returncode != 0:
         raise RuntimeError(f"sbatch {job.script_path} failed ({result.returncode}): {result.stderr.strip()}")
     return result.stdout.strip().split(";")[0]
-
-
-def cmd_submit(args: argparse.Namespace) -> int:
-    job = build_job(args.submit_kind, args)
-    script = render_script(job)
-    if args.dry_run:
-        print(script, end="")
-        return 0
-    try:
-        job_id = submit_script(job, script)
-    except RuntimeError as err:
-        print(f"mplug submit: {err}", file=sys.stderr)
-        return 1
-    print(job_id)
-    print(f"script {job.script_path}\nlog    {job.log_pattern}", file=sys.stderr)
-    return 0

@@ -12,7 +12,7 @@ About 9 minutes on 2 CPU cores (fp32, one process).
 from __future__ import annotations
 
 from mplug_pretrain.config import load_config
-from mplug_pretrain.resources import config_file
+from mplug_pretrain.utils.resources import config_file
 
 DEMO_CONFIG = config_file("caption_demo.yaml")
 

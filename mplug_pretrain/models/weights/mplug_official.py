@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mplug_pretrain.models.bert_init import rename_embedding_key, rename_layer_key, rename_lm_head_key
+from mplug_pretrain.models.weights.bert import rename_embedding_key, rename_layer_key, rename_lm_head_key
 
 IGNORED_PATTERNS = [
     (r"^visual_encoder(_m)?\.visual\.proj$", "CLIP image projection: mPLUG uses the tokens before it"),

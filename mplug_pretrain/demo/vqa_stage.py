@@ -20,7 +20,7 @@ from mplug_pretrain.config_loader import deep_merge
 from mplug_pretrain.data.urls import all_shards, expand_sources
 from mplug_pretrain.errors import DataError
 from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa
-from mplug_pretrain.resources import config_file
+from mplug_pretrain.utils.resources import config_file
 
 DEMO_CONFIG = config_file("vqa_demo.yaml")
 

@@ -172,27 +172,3 @@ def write_conversion(result: ExpansionNetConversion, out_dir: str | Path) -> Pat
     summary = {k: v for k, v in asdict(result).items() if k not in ("decoder", "refiner")}
     (out / "expansionnet_conversion.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out
-
-
-def cmd_convert_expansionnet(args) -> int:
-    group = tuple(int(n) for n in args.encoder_group.split(","))
-    result = convert_expansionnet(read_expansionnet_checkpoint(args.checkpoint), args.heads, group)
-    out = write_conversion(result, args.out)
-    print(f"converted {len(result.decoder)} decoder and {len(result.refiner)} refiner tensors into {out} "
-          f"({len(result.ignored)} ignored, {len(result.unknown)} unknown)")
-    for key in result.unknown:
-        print(f"unknown official key: {key}")
-    return 0
-
-
-def register_convert(sub) -> None:
-    """`mplug convert expansionnet --checkpoint F --out DIR`."""
-    p = sub.add_parser("convert", help="convert official checkpoints into our module state dicts")
-    kinds = p.add_subparsers(dest="kind", required=True, metavar="<kind>")
-    e = kinds.add_parser("expansionnet", help="official ExpansionNet v2 -> expansion decoder + static refiner")
-    e.add_argument("--checkpoint", required=True, help="official .pth ({'model_state_dict': ...})")
-    e.add_argument("--out", required=True, help="folder for decoder.pt, refiner.pt, expansionnet_conversion.json")
-    e.add_argument("--heads", type=int, default=OFFICIAL_HEADS, help="cross-attention heads (not in the weights)")
-    e.add_argument("--encoder-group", default=",".join(map(str, OFFICIAL_ENCODER_GROUP)),
-                   help="block static expansion group sizes G, comma separated (not in the weights)")
-    e.set_defaults(func=cmd_convert_expansionnet)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.acf import (
+from mplug_pretrain.models.acf.clustering import (
     FORMULAS,
     ClusteredSelfAttention,
     ClusterEstimator1D,
@@ -30,7 +30,7 @@ from mplug_pretrain.models.acf import (
     stack_clusters,
 )
 from mplug_pretrain.models.decoder_api import DecoderOutput
-from mplug_pretrain.models.expansion_decoder import (
+from mplug_pretrain.models.expansionnet.decoder import (
     CrossAttention,
     TextEmbedding,
     check_decoder_config,

@@ -1,0 +1,34 @@
+"""``mplug convert expansionnet --checkpoint F --out DIR``: official ExpansionNet v2 weights -> ours."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("convert", help="convert official checkpoints into our module state dicts")
+    kinds = p.add_subparsers(dest="kind", required=True, metavar="<kind>")
+    e = kinds.add_parser("expansionnet", help="official ExpansionNet v2 -> expansion decoder + static refiner")
+    e.add_argument("--checkpoint", required=True, help="official .pth ({'model_state_dict': ...})")
+    e.add_argument("--out", required=True, help="folder for decoder.pt, refiner.pt, expansionnet_conversion.json")
+    e.add_argument("--heads", type=int, default=None, help="cross-attention heads (not in the weights; default 8)")
+    e.add_argument("--encoder-group", default=None,
+                   help="block static expansion group sizes G, comma separated (not in the weights; "
+                        "default 32,64,128,256,512)")
+    e.set_defaults(func=run_expansionnet)
+
+
+def run_expansionnet(args) -> int:
+    from mplug_pretrain.models.weights.expansionnet_official import (
+        OFFICIAL_ENCODER_GROUP,
+        OFFICIAL_HEADS,
+        convert_expansionnet,
+        read_expansionnet_checkpoint,
+        write_conversion,
+    )
+    group = tuple(int(n) for n in args.encoder_group.split(",")) if args.encoder_group else OFFICIAL_ENCODER_GROUP
+    heads = OFFICIAL_HEADS if args.heads is None else args.heads
+    result = convert_expansionnet(read_expansionnet_checkpoint(args.checkpoint), heads, group)
+    out = write_conversion(result, args.out)
+    print(f"converted {len(result.decoder)} decoder and {len(result.refiner)} refiner tensors into {out} "
+          f"({len(result.ignored)} ignored, {len(result.unknown)} unknown)")
+    for key in result.unknown:
+        print(f"unknown official key: {key}")
+    return 0

@@ -1,0 +1,48 @@
+"""``mplug finetune <task> --config FILE`` and ``mplug eval <task> --config FILE --checkpoint DIR``: one
+sub-command per task of the registry (FINETUNE_TASKS, EVAL_TASKS); each task module exposes ``run``."""
+from __future__ import annotations
+
+import json
+
+from mplug_pretrain.cli.parsing import IntermixedParser, add_config_args, load_config_from_args
+from mplug_pretrain.cli.registry import EVAL_TASKS, FINETUNE_TASKS
+
+
+def register_finetune(sub) -> None:
+    kinds = _task_parsers(sub, "finetune", "fine-tune a pretrained model", FINETUNE_TASKS)
+    for q in kinds.values():
+        q.add_argument("--resume", default=None, help="latest | auto | a checkpoint tag")
+        q.set_defaults(func=run_finetune)
+
+
+def register_eval(sub) -> None:
+    kinds = _task_parsers(sub, "eval", "evaluate a checkpoint", EVAL_TASKS)
+    for q in kinds.values():
+        q.add_argument("--checkpoint", required=True, help="a model folder (save_pretrained / mplug export)")
+        q.add_argument("--out", default=None, help="metrics JSON (default: eval.output or the run folder)")
+        q.set_defaults(func=run_eval)
+
+
+def _task_parsers(sub, command: str, help_text: str, tasks: dict) -> dict:
+    p = sub.add_parser(command, help=f"{help_text}: " + " | ".join(tasks))
+    kinds = p.add_subparsers(dest="task", required=True, metavar="|".join(sorted(tasks)),
+                             parser_class=IntermixedParser)
+    parsers = {}
+    for task in sorted(tasks):
+        parsers[task] = kinds.add_parser(task, help=f"{command} {task}")
+        add_config_args(parsers[task])
+    return parsers
+
+
+def run_finetune(args) -> int:
+    cfg = load_config_from_args(args)
+    result = FINETUNE_TASKS[args.task]().run(cfg, resume=args.resume)
+    print(json.dumps(result.get("metrics", {}), indent=2))
+    return 0
+
+
+def run_eval(args) -> int:
+    cfg = load_config_from_args(args)
+    metrics = EVAL_TASKS[args.task]().run(cfg, checkpoint=args.checkpoint, out=args.out)
+    print(json.dumps(metrics, indent=2))
+    return 0

