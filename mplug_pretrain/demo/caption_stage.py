@@ -11,20 +11,25 @@ About 9 minutes on 2 CPU cores (fp32, one process).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from mplug_pretrain.config import load_config
 from mplug_pretrain.utils.resources import config_file
 
 DEMO_CONFIG = config_file("caption_demo.yaml")
+QUICK_STEPS = {"xe": 40, "scst": 6}  # `mplug demo --quick`: steps per stage name
 
 
-def caption_demo(pretrained_dir: str, shards: dict, run_root: str, seed: int = 0,
+def caption_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool = False, seed: int = 0,
                  overrides: tuple[str, ...] = ()) -> dict:
-    """``shards``: ``data.demo_shards.ensure_demo_shards`` output (caption_train, caption_val);
-    ``overrides``: extra ``key=value`` config overrides (e.g. fewer steps)."""
+    """``shards``: ``demo.shards.ensure_demo_shards`` output (caption_train, caption_val); ``quick``: the
+    stages' steps from ``QUICK_STEPS``; ``overrides``: extra ``key=value`` config overrides."""
     from mplug_pretrain.train.caption_task import run
     cfg = load_config(DEMO_CONFIG, [f"init_from={pretrained_dir}", f"caption.train_shards={shards['caption_train']}",
                                     f"caption.val_shards={shards['caption_val']}", f"run.output_dir={run_root}",
                                     "run.name=caption", f"run.seed={seed}", *overrides])
+    if quick:
+        cfg.caption.stages = [dataclasses.replace(s, steps=QUICK_STEPS.get(s.name, s.steps)) for s in cfg.caption.stages]
     result = run(cfg)
     cider = {s["stage"]: s for s in result["stages"]}
     return {"caption_cider": cider["scst"]["cider_d"], "caption_cider_xe": cider["xe"]["cider_d"],

@@ -34,15 +34,16 @@ def _summary(prefix: str, metrics: dict, visual_name: str) -> dict:
     return out
 
 
-def retrieval_demo(pretrained_dir: str, shards: dict, run_root: str) -> dict:
-    """-> {"retrieval_r1", "retrieval_chance" (both %), the detailed recalls (``_summary``)}."""
+def retrieval_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool = False) -> dict:
+    """-> {"retrieval_r1", "retrieval_chance" (both %), the detailed recalls (``_summary``)}. Evaluation only:
+    ``run_root`` and ``quick`` are unused."""
     from mplug_pretrain.eval import retrieval_task
     cfg = config_from_dict({"eval": {"shards": shards["pretrain_val"], **IMAGE_SETTINGS}})
     metrics = retrieval_task.evaluate(cfg, retrieval_task.load_eval_model(cfg, pretrained_dir))
     return _summary("retrieval", metrics, "img")
 
 
-def video_retrieval_demo(pretrained_dir: str, shards: dict, run_root: str) -> dict:
+def video_retrieval_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool = False) -> dict:
     """-> {"video_retrieval_r1", "video_retrieval_chance" (both %), "videos_skipped", detailed recalls}."""
     from mplug_pretrain.eval import retrieval_task, video_retrieval_task
     cfg = config_from_dict({"eval": {"shards": shards["video"], **VIDEO_SETTINGS}})

@@ -4,6 +4,9 @@
     -> zero-shot image-text retrieval on held-out scenes -> caption fine-tuning (XE, then SCST)
     -> VQA fine-tuning on the real easy-vqa data -> zero-shot text-video retrieval on synthetic videos
     -> runs/demo/metrics.json, runs/demo/report.md, runs/demo/plots/*.png
+
+``quick=True`` (``mplug demo --quick``) runs every stage on a few dozen steps: a check that an
+installation works end to end (the test suite's demo run), not the demo's figures.
 """
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ from mplug_pretrain.utils.resources import config_file
 
 DEMO_CONFIG = config_file("demo.yaml")
 
-# (title, stage) in the order they run; each stage(pretrained_dir, shards, run_root) -> {metric: value}
+QUICK_PRETRAIN = ["optim.max_steps=30", "optim.warmup_steps=5", "optim.alpha_warmup_steps=10", "run.log_every=10"]
+
+# (title, stage) in the order they run; each stage(pretrained_dir, shards, run_root, quick) -> {metric: value}
 STAGES = [
     ("zero-shot image-text retrieval", retrieval_demo),
     ("caption fine-tuning (XE then SCST)", caption_demo),
@@ -40,7 +45,8 @@ def _print_shard_summary(shards: dict) -> None:
             print(f"  {name:15s} {len(urls)} shard(s), {sum(shard_sample_counts(urls))} samples  {pattern}", flush=True)
 
 
-def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", overrides: list[str] | None = None) -> dict:
+def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", overrides: list[str] | None = None,
+             quick: bool = False) -> dict:
     from mplug_pretrain.demo.shards import ensure_demo_shards
     from mplug_pretrain.train.pretrain import run_pretrain
     from mplug_pretrain.train.run_log import plot_losses, read_log
@@ -49,7 +55,8 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     shards = ensure_demo_shards(shards_root)
     _print_shard_summary(shards)
     cfg = load_config(DEMO_CONFIG, [f"data.train_shards={shards['pretrain_train']}", f"run.output_dir={out_root}",
-                                    "run.name=pretrain", *(overrides or [])])
+                                    "run.name=pretrain", *(QUICK_PRETRAIN if quick else []),
+                                    *(overrides or [])])
     if os.path.isdir(cfg.run_dir):
         shutil.rmtree(cfg.run_dir)  # the demo always starts from scratch
     print(f"[demo] pretraining the {cfg.model.preset} preset for {cfg.optim.max_steps} steps "
@@ -61,7 +68,7 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     for title, stage in STAGES:
         print(f"[demo] {title} ...", flush=True)
         t = time.time()
-        result = stage(pretrained, shards, out_root)
+        result = stage(pretrained, shards, out_root, quick)
         metrics.update(result)
         timings[stage.__name__] = time.time() - t
         print(f"[demo] {title}: " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"

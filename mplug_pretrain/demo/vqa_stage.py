@@ -23,6 +23,7 @@ from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa
 from mplug_pretrain.utils.resources import config_file
 
 DEMO_CONFIG = config_file("vqa_demo.yaml")
+QUICK_STEPS = 40  # `mplug demo --quick`
 
 
 def read_vqa_answers(urls: str) -> dict:
@@ -51,13 +52,15 @@ def majority_baseline(train_urls: str, val_urls: str, normalization: str) -> tup
     return majority, evaluate_vqa({q: majority for q in gts}, gts, normalization)["overall"]
 
 
-def vqa_demo(pretrained_dir: str, shards: dict, run_root: str, seed: int = 0) -> dict:
-    """Fine-tune ``pretrained_dir`` (a save_pretrained folder) on shards['vqa_train'], evaluate on
-    shards['vqa_val'] (run folder ``run_root``/vqa) -> the demo's VQA numbers (module docstring)."""
+def vqa_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool = False, seed: int = 0) -> dict:
+    """Fine-tune ``pretrained_dir`` (a save_pretrained folder) on shards['vqa_train'] (``QUICK_STEPS`` steps if
+    ``quick``), evaluate on shards['vqa_val'] (run folder ``run_root``/vqa) -> the demo's VQA numbers."""
     from mplug_pretrain.train.vqa_task import run
     with open(DEMO_CONFIG) as f:
         raw = yaml.safe_load(f)
     # data.train_shards is not read by VQA, but the generic validation checks that its files exist
+    if quick:
+        raw = deep_merge(raw, {"optim": {"max_steps": QUICK_STEPS}})
     raw = deep_merge(raw, {"init_from": pretrained_dir, "run": {"output_dir": run_root, "seed": seed},
                            "data": {"train_shards": shards["vqa_train"]},
                            "vqa": {"train_shards": shards["vqa_train"], "val_shards": shards["vqa_val"],
