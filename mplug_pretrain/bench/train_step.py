@@ -32,7 +32,6 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Self
 
 from mplug_pretrain.bench.common import pretrain_batch, write_bench
 
@@ -56,7 +55,7 @@ class RssPeak:
             self.peak = max(self.peak, self._rss())
             time.sleep(self.interval)
 
-    def __enter__(self) -> Self:
+    def __enter__(self):
         self.peak = self.start_mb = self._rss()
         self.start_mb /= 2**20
         self._thread = threading.Thread(target=self._loop, daemon=True)
