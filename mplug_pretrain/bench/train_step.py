@@ -34,6 +34,7 @@ import threading
 import time
 
 from mplug_pretrain.bench.common import pretrain_batch, write_bench
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 # per preset: (batch per rank, warm-up steps, timed steps); "quick" is the test suite's tiny setting
 SETTINGS = {"tiny": (16, 1, 3), "base": (2, 1, 2), "quick": (4, 0, 1)}
@@ -164,8 +165,7 @@ def worker(cases: list[list], out: str) -> None:
                   f"{r['step_seconds']:.3f} s/step, {r['samples_per_s']:.1f} samples/s, "
                   f"MFU {100 * r['mfu']:.1f}% of a 1-thread matmul", flush=True)
     if info.rank == 0:
-        with open(out, "w") as f:
-            json.dump(rows, f)
+        write_json_atomic(out, rows, indent=None)
     if dist.is_initialized():
         dist.barrier()
     shutdown_distributed()

@@ -24,6 +24,7 @@ import tempfile
 import time
 
 from mplug_pretrain.bench.common import pretrain_batch, write_bench
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 START_BATCH, MAX_BATCH = 8, 1024
 WARMUP_STEPS, TIMED_STEPS = 3, 10
@@ -128,8 +129,7 @@ def worker(cases: list, out: str) -> None:
                    "oom_at": START_BATCH}
         rows.append(row)
         print(f"[train-step gpu] {json.dumps(row)}", flush=True)
-        with open(out, "w") as f:  # partial results survive a later failure
-            json.dump(rows, f)
+        write_json_atomic(out, rows, indent=None)  # partial results survive a later failure
     torch.cuda.synchronize()
     shutdown_distributed()
 

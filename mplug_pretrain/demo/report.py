@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from mplug_pretrain.utils.atomic_files import write_text_atomic
+
 ROWS = [
     ("retrieval_r1", "retrieval_chance", "Zero-shot image-text retrieval R@1 (%) on held-out scenes", 3.0),
     ("video_retrieval_r1", "video_retrieval_chance", "Zero-shot text-video retrieval R@1 (%) on synthetic videos", None),
@@ -37,6 +39,5 @@ def write_report(out_root: str, metrics: dict, records: list[dict]) -> str:
               "## Time per stage (s)", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in metrics.get("seconds", {}).items()]
     path = os.path.join(out_root, "report.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path

@@ -32,6 +32,7 @@ from mplug_pretrain.train.flops import current_peak_flops, mfu
 from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, truncate_log
 from mplug_pretrain.train.schedule import apply_lr
 from mplug_pretrain.train.signals import StopRequest
+from mplug_pretrain.utils.atomic_files import write_text_atomic
 
 PREEMPTED_MARKER = "preempted"
 
@@ -255,8 +256,7 @@ def _maybe_checkpoint(run: _Run) -> bool:
     if signal_flag:
         run.exit_reason = "preempted"
         if run.rank == 0:
-            with open(os.path.join(run.run_dir, PREEMPTED_MARKER), "w") as f:
-                f.write(run.stop.signal_name or "signal")
+            write_text_atomic(os.path.join(run.run_dir, PREEMPTED_MARKER), run.stop.signal_name or "signal")
         run.log.event(f"[train] stop requested ({run.stop.signal_name or 'signal on another rank'}): "
                       f"saved at step {state.global_step}, exiting")
     return bool(signal_flag)
