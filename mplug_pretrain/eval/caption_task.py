@@ -51,7 +51,7 @@ def gather_to_all(predictions: dict, references: dict) -> tuple[dict, dict]:
     """Merge every rank's dicts (no-op in a single process)."""
     if process_group.world_size() == 1:
         return predictions, references
-    parts: list = [None] * dist.get_world_size()
+    parts: list = [None] * process_group.world_size()
     dist.all_gather_object(parts, (predictions, references))
     merged_p, merged_r = {}, {}
     for p, r in parts:

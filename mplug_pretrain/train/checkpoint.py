@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from mplug_pretrain.train.distributed import barrier
 from mplug_pretrain.utils.atomic_files import atomic_write, write_text_atomic
+from mplug_pretrain.utils.process_group import barrier
 
 LATEST = "latest"
 _TAG = re.compile(r"^step(\d+)$")

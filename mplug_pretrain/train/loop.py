@@ -32,6 +32,7 @@ from mplug_pretrain.train.flops import current_peak_flops, mfu
 from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, truncate_log
 from mplug_pretrain.train.schedule import apply_lr
 from mplug_pretrain.train.signals import StopRequest
+from mplug_pretrain.utils import process_group
 from mplug_pretrain.utils.atomic_files import write_text_atomic
 
 PREEMPTED_MARKER = "preempted"
@@ -47,7 +48,7 @@ def _record_world(run_dir: str, info) -> None:
     import socket
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # Slurm's node name, else the host
     hosts = [None] * info.world_size
-    if dist.is_initialized() and info.world_size > 1:
+    if process_group.world_size() > 1:
         dist.all_gather_object(hosts, host)
     else:
         hosts = [host]
@@ -94,7 +95,7 @@ def _to_device(batch: dict, device, float_dtype=None) -> dict:
 
 def _all_ranks_max(values: list[float], device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if process_group.world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 
@@ -102,7 +103,7 @@ def _all_ranks_max(values: list[float], device) -> list[float]:
 def _any_rank_nonfinite(loss: torch.Tensor) -> bool:
     """True when the loss is NaN/inf on any rank: one all-reduce and one host sync."""
     bad = (~torch.isfinite(loss.detach())).to(torch.float64).reshape(1)
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if process_group.world_size() > 1:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return bool(bad.item())
 
