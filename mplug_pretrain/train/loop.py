@@ -31,11 +31,9 @@ from mplug_pretrain.train.engine import autocast_context, build_engine, momentum
 from mplug_pretrain.train.flops import current_peak_flops, mfu
 from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, truncate_log
 from mplug_pretrain.train.schedule import apply_lr
-from mplug_pretrain.train.signals import StopRequest
+from mplug_pretrain.train.signals import PREEMPTED_MARKER, StopRequest
 from mplug_pretrain.utils import process_group
 from mplug_pretrain.utils.atomic_files import write_text_atomic
-
-PREEMPTED_MARKER = "preempted"
 
 
 class NonFiniteLossError(RuntimeError):
