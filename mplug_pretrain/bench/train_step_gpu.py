@@ -51,7 +51,7 @@ def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) 
     import torch
 
     from mplug_pretrain.config import load_config
-    from mplug_pretrain.train.engine import autocast_context, build_engine, momentum_update
+    from mplug_pretrain.train.engine import build_engine, momentum_update, train_autocast
     from mplug_pretrain.train.flops import current_peak_flops, mfu
     from mplug_pretrain.train.pretrain import build_model, flops_per_sample
     cfg = load_config(None, [f"model.preset={preset}", f"data.batch_size={batch_size}",
@@ -66,7 +66,7 @@ def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) 
         batch = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in batch.items()}
 
         def step() -> None:
-            with autocast_context(cfg):
+            with train_autocast(cfg):
                 loss = engine(batch)["loss"]
             engine.backward(loss)
             engine.step()

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from mplug_pretrain.config import Config, save_config
 from mplug_pretrain.train.checkpoint import TrainerState, load_checkpoint, resolve_resume, save_checkpoint
 from mplug_pretrain.train.distributed import init_distributed
-from mplug_pretrain.train.engine import autocast_context, build_engine, momentum_update, save_final_model
+from mplug_pretrain.train.engine import build_engine, momentum_update, save_final_model, train_autocast
 from mplug_pretrain.train.flops import current_peak_flops, mfu
 from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, truncate_log
 from mplug_pretrain.train.schedule import apply_lr
@@ -190,7 +190,7 @@ def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
     if run.task.flops_per_sample is not None and run.peak_flops is not None:
         run.flops_per_sample = run.task.flops_per_sample(cfg, batch)
     batch = _to_device(batch, run.device, run.float_dtype)
-    with autocast_context(cfg):
+    with train_autocast(cfg):
         out = run.task.losses(engine, batch, state)
     loss = out["loss"]
     if state.global_step in run.nan_steps and run.micro == 0:
