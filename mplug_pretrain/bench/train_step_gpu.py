@@ -29,7 +29,6 @@ from mplug_pretrain.utils.atomic_files import write_json_atomic
 START_BATCH, MAX_BATCH = 8, 1024
 WARMUP_STEPS, TIMED_STEPS = 3, 10
 CASES = [(preset, stage, ckpt) for preset in ("base", "large") for stage in (0, 2, 3) for ckpt in (False, True)]
-TEXT_LEN = 30
 
 
 def _tiled_batch(preset: str, batch_size: int, device) -> dict:
