@@ -19,6 +19,7 @@ import yaml
 from mplug_pretrain.config_loader import build_dataclass, deep_merge, parse_overrides, to_dict
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.model_config import ModelConfig
+from mplug_pretrain.utils.atomic_files import atomic_write
 from mplug_pretrain.utils.resources import deepspeed_template
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -357,11 +358,8 @@ def check_path(spec: str, name: str) -> None:
 
 
 def save_config(cfg: Config, path: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with atomic_write(path) as f:
         yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
-    os.replace(tmp, path)
 
 
 def resolve_precision(cfg: Config) -> str:

@@ -12,6 +12,7 @@ import json
 import os
 
 from mplug_pretrain.config import REPO_ROOT
+from mplug_pretrain.utils.atomic_files import write_text_atomic
 
 
 def _load(results: str, name: str) -> dict | None:
@@ -212,8 +213,7 @@ def write_report(results: str, readme: str, plots: str, findings: str | None = N
     if findings:
         parts += ["## Findings", "", findings.strip(), ""]
     text = "\n".join(parts)
-    with open(readme, "w") as f:
-        f.write(text)
+    write_text_atomic(readme, text)
     return text
 
 

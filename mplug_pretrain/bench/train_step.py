@@ -32,9 +32,10 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Self
 
 from mplug_pretrain.bench.common import pretrain_batch, write_bench
+from mplug_pretrain.utils import process_group
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 # per preset: (batch per rank, warm-up steps, timed steps); "quick" is the test suite's tiny setting
 SETTINGS = {"tiny": (16, 1, 3), "base": (2, 1, 2), "quick": (4, 0, 1)}
@@ -56,7 +57,7 @@ class RssPeak:
             self.peak = max(self.peak, self._rss())
             time.sleep(self.interval)
 
-    def __enter__(self) -> Self:
+    def __enter__(self):
         self.peak = self.start_mb = self._rss()
         self.start_mb /= 2**20
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -129,7 +130,7 @@ def _case(setting: str, stage: int, checkpointing: bool, world: int, batch: dict
     held = step(measure_state=True)
     keys = ("parameters", "gradients", "optimizer_state", "other", "total")
     gathered = torch.tensor([rss.peak_mb, rss.start_mb] + [float(held[k]) for k in keys], dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if process_group.world_size() > 1:
         dist.all_reduce(gathered, op=dist.ReduceOp.MAX)
     step_seconds = statistics.median(times)
     row = {"preset": preset, "ranks": world, "zero_stage": stage, "grad_checkpointing": checkpointing,
@@ -148,8 +149,6 @@ def _case(setting: str, stage: int, checkpointing: bool, world: int, batch: dict
 
 def worker(cases: list[list], out: str) -> None:
     """Runs inside torchrun: every case in this process (stage 3 last: it hooks the model it wraps)."""
-    import torch.distributed as dist
-
     from mplug_pretrain.train.distributed import init_distributed, shutdown_distributed
     info = init_distributed("gloo", timeout_minutes=10)
     batches: dict[str, dict] = {}
@@ -165,10 +164,8 @@ def worker(cases: list[list], out: str) -> None:
                   f"{r['step_seconds']:.3f} s/step, {r['samples_per_s']:.1f} samples/s, "
                   f"MFU {100 * r['mfu']:.1f}% of a 1-thread matmul", flush=True)
     if info.rank == 0:
-        with open(out, "w") as f:
-            json.dump(rows, f)
-    if dist.is_initialized():
-        dist.barrier()
+        write_json_atomic(out, rows, indent=None)
+    process_group.barrier()
     shutdown_distributed()
 
 

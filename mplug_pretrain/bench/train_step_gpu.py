@@ -24,11 +24,11 @@ import tempfile
 import time
 
 from mplug_pretrain.bench.common import pretrain_batch, write_bench
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 START_BATCH, MAX_BATCH = 8, 1024
 WARMUP_STEPS, TIMED_STEPS = 3, 10
 CASES = [(preset, stage, ckpt) for preset in ("base", "large") for stage in (0, 2, 3) for ckpt in (False, True)]
-TEXT_LEN = 30
 
 
 def _tiled_batch(preset: str, batch_size: int, device) -> dict:
@@ -50,7 +50,7 @@ def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) 
     import torch
 
     from mplug_pretrain.config import load_config
-    from mplug_pretrain.train.engine import autocast_context, build_engine, momentum_update
+    from mplug_pretrain.train.engine import build_engine, momentum_update, train_autocast
     from mplug_pretrain.train.flops import current_peak_flops, mfu
     from mplug_pretrain.train.pretrain import build_model, flops_per_sample
     cfg = load_config(None, [f"model.preset={preset}", f"data.batch_size={batch_size}",
@@ -65,7 +65,7 @@ def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) 
         batch = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in batch.items()}
 
         def step() -> None:
-            with autocast_context(cfg):
+            with train_autocast(cfg):
                 loss = engine(batch)["loss"]
             engine.backward(loss)
             engine.step()
@@ -128,8 +128,7 @@ def worker(cases: list, out: str) -> None:
                    "oom_at": START_BATCH}
         rows.append(row)
         print(f"[train-step gpu] {json.dumps(row)}", flush=True)
-        with open(out, "w") as f:  # partial results survive a later failure
-            json.dump(rows, f)
+        write_json_atomic(out, rows, indent=None)  # partial results survive a later failure
     torch.cuda.synchronize()
     shutdown_distributed()
 

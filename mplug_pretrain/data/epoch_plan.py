@@ -111,16 +111,3 @@ def logical_slot(worker_id: int, workers: int, start_batch: int) -> int:
 def local_skip(start_batch: int, slot: int, workers: int) -> int:
     """How many of the first ``start_batch`` rank batches came from logical slot ``slot``."""
     return max(0, -(-(start_batch - slot) // workers))
-
-
-def samples_seen(epoch: int, batch_in_epoch: int, *, batches_per_epoch: int, global_batch_size: int) -> int:
-    """Samples (batch slots, pads included) consumed by all ranks up to this data position."""
-    return (epoch * batches_per_epoch + batch_in_epoch) * global_batch_size
-
-
-def data_position(samples: int, *, batches_per_epoch: int, global_batch_size: int) -> tuple[int, int]:
-    """Inverse of ``samples_seen``: (epoch, start_batch) to resume from."""
-    steps, rest = divmod(samples, global_batch_size)
-    if rest:
-        raise DataError(f"samples_seen {samples} is not a multiple of the global batch {global_batch_size}")
-    return divmod(steps, batches_per_epoch)

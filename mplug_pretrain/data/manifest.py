@@ -17,6 +17,7 @@ import tarfile
 from functools import lru_cache
 
 from mplug_pretrain.errors import DataError
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "mplug_pretrain.shards/1"
@@ -54,10 +55,7 @@ def write_manifest_entry(folder: str, name: str, entry: dict) -> dict:
         raise DataError(f"{manifest_path(folder)}: data set {name!r}: kind {entry.get('kind')!r} not in {KINDS}")
     manifest = read_manifest(folder)
     manifest["datasets"][name] = entry
-    tmp = manifest_path(folder) + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    os.replace(tmp, manifest_path(folder))
+    write_json_atomic(manifest_path(folder), manifest, indent=1, sort_keys=True)
     _manifest_counts.cache_clear()
     return manifest
 

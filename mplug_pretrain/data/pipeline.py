@@ -11,8 +11,9 @@ One worker's stream, top to bottom (``ShardStream.__iter__``):
   then:       skip positions before the resume point -> decode + transform (corrupt samples
               counted) -> batch by position, pads flagged is_pad -> collate (tokenize)
 
-Rank and slot come from explicit arguments, else torch.distributed, else RANK/WORLD_SIZE, and the
-DataLoader worker id (see ``epoch_plan`` for the split and the resume rule). Every random choice
+Rank and slot come from explicit arguments, else the process group (utils/process_group.py), else
+RANK/WORLD_SIZE (a loader built before the group exists), and the DataLoader worker id (see
+``epoch_plan`` for the split and the resume rule). Every random choice
 draws from a generator seeded by (seed, epoch, slot), so an epoch's batches are a function of
 (shards, seed, epoch, world_size, num_workers, batch_size).
 """
@@ -23,7 +24,6 @@ import os
 import random
 from functools import partial
 
-import torch.distributed as dist
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -52,15 +52,16 @@ from mplug_pretrain.data.stages import (
 from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
 from mplug_pretrain.data.urls import ShardSource, all_shards, expand_sources
 from mplug_pretrain.errors import ConfigError, DataError
+from mplug_pretrain.utils import process_group
 
 MODES = ("exact", "resampled")
 
 
-def world_info(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
-    """Explicit values, else torch.distributed when initialized, else RANK/WORLD_SIZE, else (0, 1)."""
+def _rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values, else the initialized process group's, else RANK/WORLD_SIZE, else (0, 1)."""
     if rank is None or world_size is None:
-        if dist.is_available() and dist.is_initialized():
-            rank, world_size = dist.get_rank(), dist.get_world_size()
+        if process_group.is_distributed():
+            rank, world_size = process_group.rank(), process_group.world_size()
         else:
             rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if world_size < 1 or not 0 <= rank < world_size:
@@ -147,7 +148,7 @@ def build_loader(urls, fmt, *, batch_size: int, num_workers: int = 0, mode: str 
         raise ConfigError("data.train_weights: source weights need data.mode=resampled (exact mode reads every sample once)")
     if mode == "exact" and samples_per_epoch is not None:
         raise ConfigError("data.samples_per_epoch: only used with data.mode=resampled")
-    rank, world_size = world_info(rank, world_size)
+    rank, world_size = _rank_and_world_size(rank, world_size)
     sources = expand_sources(urls, weights)
     shards = all_shards(sources)
     _check_local_shards(shards)

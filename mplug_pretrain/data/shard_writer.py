@@ -6,8 +6,8 @@ bytes as they are, ``str`` as UTF-8, ``dict``/``list`` as JSON.
 
 Like ``webdataset.ShardWriter`` a new shard starts when the current one holds ``max_samples``
 samples or adding the next sample would pass ``max_bytes`` (tar members incl. 512-byte headers;
-a single larger sample gets a shard of its own). Unlike it, each shard is written to ``.tmp`` and
-renamed when complete, no empty shard is created, keys are checked unique, and the manifest with
+a single larger sample gets a shard of its own). Unlike it, each shard is written to a temporary file and
+renamed when complete (utils/atomic_files.py), no empty shard is created, keys are checked unique, and the manifest with
 per-shard sample counts is written by ``close()`` only when every sample arrived.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import webdataset as wds
 import mplug_pretrain
 from mplug_pretrain.data.manifest import read_manifest, write_manifest_entry
 from mplug_pretrain.errors import DataError
+from mplug_pretrain.utils.atomic_files import AtomicFile
 
 _KEY = re.compile(r"^[A-Za-z0-9_\-/]+$")  # no dots: the reader splits KEY.EXT at the first dot
 _NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
@@ -74,6 +75,7 @@ class ShardWriter:
                     os.remove(path)
         self.shards: list[dict] = []
         self._keys: set[str] = set()
+        self._file: AtomicFile | None = None  # the shard being written
         self._tar: wds.TarWriter | None = None
         self._count = 0
         self._bytes = 0
@@ -85,11 +87,11 @@ class ShardWriter:
         if self._tar is None:
             return
         self._tar.close()
-        path = self._path(len(self.shards))
-        os.replace(path + ".tmp", path)
+        self._file.commit()
+        path = self._file.path
         self.shards.append({"file": os.path.basename(path), "samples": self._count,
                             "bytes": os.path.getsize(path)})
-        self._tar, self._count, self._bytes = None, 0, 0
+        self._file, self._tar, self._count, self._bytes = None, None, 0, 0
 
     def write(self, sample: dict) -> None:
         key = sample.get("__key__")
@@ -107,8 +109,9 @@ class ShardWriter:
                 self.max_bytes is not None and self._bytes + size > self.max_bytes)):
             self._finish_shard()
         if self._tar is None:
+            self._file = AtomicFile(self._path(len(self.shards)), "wb")
             # mtime 0: the same samples give byte-identical shards
-            self._tar = wds.TarWriter(self._path(len(self.shards)) + ".tmp", encoder=False, mtime=0)
+            self._tar = wds.TarWriter(self._file.file, encoder=False, mtime=0)
         self._tar.write(fields)
         self._count += 1
         self._bytes += size
@@ -126,8 +129,8 @@ class ShardWriter:
     def abort(self) -> None:
         if self._tar is not None:
             self._tar.close()
-            os.remove(self._path(len(self.shards)) + ".tmp")
-            self._tar = None
+            self._file.discard()
+            self._file, self._tar = None, None
 
     def __enter__(self):
         return self

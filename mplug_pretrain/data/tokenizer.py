@@ -13,6 +13,7 @@ import torch
 from transformers import BertTokenizerFast
 
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.utils.atomic_files import atomic_write
 
 
 def default_vocab_path() -> str:
@@ -52,7 +53,7 @@ def save_tokenizer(tokenizer, directory: str) -> list[str]:
         vocab = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
         if [index for _, index in vocab] != list(range(len(vocab))):
             raise ValueError("tokenizer: vocabulary ids are not 0..N-1; cannot write vocab.txt")
-        with open(os.path.join(directory, "vocab.txt"), "w", encoding="utf-8") as f:
+        with atomic_write(os.path.join(directory, "vocab.txt"), encoding="utf-8") as f:
             f.writelines(f"{token}\n" for token, _ in vocab)
         written.append("vocab.txt")
     return written

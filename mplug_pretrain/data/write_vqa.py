@@ -12,13 +12,13 @@ plus multiple_choice_answer / question_type / answer_type when present.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 
 from mplug_pretrain.data.shard_writer import ShardWriter, created_by
 from mplug_pretrain.data.write_common import index_images_by_id, load_json, read_image_file
 from mplug_pretrain.errors import DataError
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 _UNSAFE_KEY = re.compile(r"[^A-Za-z0-9_\-]")
 ANNOTATION_FIELDS = ("multiple_choice_answer", "question_type", "answer_type")
@@ -36,8 +36,7 @@ def load_answer_list(path: str) -> list[str]:
 
 def write_answer_list(out: str, name: str, answers: list[str]) -> str:
     file_name = f"{name}_answer_list.json"
-    with open(os.path.join(out, file_name), "w") as f:
-        json.dump(answers, f)
+    write_json_atomic(os.path.join(out, file_name), answers, indent=None)
     return file_name
 
 

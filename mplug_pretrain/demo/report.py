@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import os
 
-ROWS = [
-    ("retrieval_r1", "retrieval_chance", "Zero-shot image-text retrieval R@1 (%) on held-out scenes", 3.0),
-    ("video_retrieval_r1", "video_retrieval_chance", "Zero-shot text-video retrieval R@1 (%) on synthetic videos", None),
-    ("vqa_accuracy", "vqa_majority_baseline", "easy-vqa accuracy (%), official VQA formula", None),
-    ("caption_cider", "caption_cider_xe", "Held-out caption CIDEr-D after SCST (vs XE only), beam search", None),
+from mplug_pretrain.utils.atomic_files import write_text_atomic
+
+ROWS = [  # (metric, the reference it is compared with, title)
+    ("retrieval_r1", "retrieval_chance", "Zero-shot image-text retrieval R@1 (%) on held-out scenes"),
+    ("video_retrieval_r1", "video_retrieval_chance", "Zero-shot text-video retrieval R@1 (%) on synthetic videos"),
+    ("vqa_accuracy", "vqa_majority_baseline", "easy-vqa accuracy (%), official VQA formula"),
+    ("caption_cider", "caption_cider_xe", "Held-out caption CIDEr-D after SCST (vs XE only), beam search"),
     ("caption_sample_cider", "caption_sample_cider_xe",
-     "Held-out mean CIDEr-D of sampled captions after SCST (vs XE only): the SCST objective", None),
+     "Held-out mean CIDEr-D of sampled captions after SCST (vs XE only): the SCST objective"),
 ]
 
 
@@ -17,7 +19,7 @@ def write_report(out_root: str, metrics: dict, records: list[dict]) -> str:
     lines = ["# mplug demo report", "",
              f"Total time: {metrics.get('total_seconds', 0) / 60:.1f} min on this machine (CPU, fp32).", "",
              "| what | ours | reference | |", "|---|---|---|---|"]
-    for key, ref_key, title, factor in ROWS:
+    for key, ref_key, title in ROWS:
         if key not in metrics:
             continue
         ours, ref = metrics[key], metrics.get(ref_key)
@@ -37,6 +39,5 @@ def write_report(out_root: str, metrics: dict, records: list[dict]) -> str:
               "## Time per stage (s)", "", "| stage | seconds |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in metrics.get("seconds", {}).items()]
     path = os.path.join(out_root, "report.md")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path

@@ -38,15 +38,17 @@ def retrieval_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool
     """-> {"retrieval_r1", "retrieval_chance" (both %), the detailed recalls (``_summary``)}. Evaluation only:
     ``run_root`` and ``quick`` are unused."""
     from mplug_pretrain.eval import retrieval_task
+    from mplug_pretrain.eval.common import load_eval_model
     cfg = config_from_dict({"eval": {"shards": shards["pretrain_val"], **IMAGE_SETTINGS}})
-    metrics = retrieval_task.evaluate(cfg, retrieval_task.load_eval_model(cfg, pretrained_dir))
+    metrics = retrieval_task.evaluate(cfg, load_eval_model(cfg, pretrained_dir))
     return _summary("retrieval", metrics, "img")
 
 
 def video_retrieval_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool = False) -> dict:
     """-> {"video_retrieval_r1", "video_retrieval_chance" (both %), "videos_skipped", detailed recalls}."""
-    from mplug_pretrain.eval import retrieval_task, video_retrieval_task
+    from mplug_pretrain.eval import video_retrieval_task
+    from mplug_pretrain.eval.common import load_eval_model
     cfg = config_from_dict({"eval": {"shards": shards["video"], **VIDEO_SETTINGS}})
-    metrics = video_retrieval_task.evaluate(cfg, retrieval_task.load_eval_model(cfg, pretrained_dir))
+    metrics = video_retrieval_task.evaluate(cfg, load_eval_model(cfg, pretrained_dir))
     return {**_summary("video_retrieval", metrics, "vid"), "videos_skipped": metrics["videos_skipped"],
             "video_retrieval_num_frames": metrics["num_frames"]}

@@ -20,6 +20,7 @@ from mplug_pretrain.data.manifest import read_manifest
 from mplug_pretrain.data.shard_writer import shard_pattern
 from mplug_pretrain.data.write_easy_vqa import write_easy_vqa_shards
 from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards, write_synthetic_video_shards
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 DEMO_VERSION = 1
 MARKER = ".demo_complete.json"
@@ -80,6 +81,5 @@ def ensure_demo_shards(root: str = "data_shards") -> dict[str, str]:
         if paths is not None:
             return paths
         entries = {key: writer(os.path.join(root, folder), name) for key, (folder, name, writer) in RECIPE.items()}
-        with open(os.path.join(root, MARKER), "w") as f:
-            json.dump({"version": DEMO_VERSION}, f)
+        write_json_atomic(os.path.join(root, MARKER), {"version": DEMO_VERSION}, indent=None)
         return _paths(root, entries)

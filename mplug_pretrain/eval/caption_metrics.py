@@ -12,7 +12,6 @@ pycocoevalcap writes its temporary files inside its own package folder.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -53,18 +52,6 @@ def write_caption_results(predictions: Predictions, path: str) -> list[dict]:
     rows = [{"image_id": image_id, "caption": caption} for image_id, caption in sorted(preds.items(), key=lambda kv: str(kv[0]))]
     write_json_atomic(path, rows, indent=None)
     return rows
-
-
-def load_coco_references(annotation_file: str) -> dict[ImageId, list[str]]:
-    """{image_id: [captions]} from a COCO captions annotation file (e.g. captions_val2014.json)."""
-    with open(annotation_file) as f:
-        data = json.load(f)
-    if "annotations" not in data:
-        raise ValueError(f"{annotation_file}: not a COCO captions file (no 'annotations' key)")
-    refs: dict[ImageId, list[str]] = {}
-    for ann in data["annotations"]:
-        refs.setdefault(ann["image_id"], []).append(ann["caption"])
-    return refs
 
 
 def spice_jars_present() -> bool:

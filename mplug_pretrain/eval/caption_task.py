@@ -15,7 +15,6 @@ pycocoevalcap's Cider on the same words) on ``clean_caption`` words instead of P
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 
 import torch
@@ -24,11 +23,10 @@ from torch import nn
 
 from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.eval.output_paths import beside_metrics
+from mplug_pretrain.eval.common import beside_metrics, load_eval_model, metrics_path, write_metrics
 from mplug_pretrain.models.generation_settings import GENERATION_FILE, GenerationSettings  # noqa: F401 (re-export)
 from mplug_pretrain.models.inference import caption_images, decode_captions  # noqa: F401 (re-export)
 from mplug_pretrain.utils import process_group
-from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 
 def generate_captions(model: nn.Module, loader, tokenizer, settings: GenerationSettings,
@@ -51,7 +49,7 @@ def gather_to_all(predictions: dict, references: dict) -> tuple[dict, dict]:
     """Merge every rank's dicts (no-op in a single process)."""
     if process_group.world_size() == 1:
         return predictions, references
-    parts: list = [None] * dist.get_world_size()
+    parts: list = [None] * process_group.world_size()
     dist.all_gather_object(parts, (predictions, references))
     merged_p, merged_r = {}, {}
     for p, r in parts:
@@ -97,7 +95,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
                   "checkpoint": checkpoint, "predictions": predictions_path, "generation": asdict(settings),
                   "spice": "computed" if "SPICE" in metrics else "skipped: Stanford CoreNLP 3.6.0 jars missing "
                                                                  "from pycocoevalcap/spice/lib"}
-        write_json_atomic(out, report)
+        write_metrics(out, report)
     process_group.barrier()
     return metrics
 
@@ -105,16 +103,10 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
 def run(cfg: Config, checkpoint: str, out: str | None = None) -> dict:
     """`mplug eval caption --config FILE --checkpoint DIR [--out FILE]` -> metrics dict."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.models.mplug import MPLUG
     shards = cfg.eval.shards or cfg.caption.val_shards
     if not shards:
         raise ConfigError("eval.shards / caption.val_shards: one is required (image-layout caption shards with "
                           "json.captions references, e.g. `mplug make-shards coco --split test --layout image`)")
-    if not os.path.isfile(os.path.join(checkpoint, "config.json")):
-        raise ConfigError(f"--checkpoint: {checkpoint} is not a model folder (no config.json); "
-                          "use a run's model/ folder or `mplug export` a checkpoint first")
-    model = MPLUG.from_pretrained(checkpoint, image_size=cfg.eval.image_size).float()
-    model.to("cuda" if torch.cuda.is_available() else "cpu")
-    out = out or cfg.eval.output or os.path.join(cfg.run_dir, "metrics_caption.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    return evaluate_model(model, cfg, load_tokenizer(cfg.data.tokenizer), shards, out, checkpoint=checkpoint)
+    model = load_eval_model(cfg, checkpoint)
+    return evaluate_model(model, cfg, load_tokenizer(cfg.data.tokenizer), shards, metrics_path(cfg, "caption", out),
+                          checkpoint=checkpoint)

@@ -10,9 +10,6 @@ Protocol (``eval/retrieval.py``): ITC similarity of all pairs, each query's ITC 
 ITM (``rerank_score``: itm | itm+itc | itc = no re-ranking). Unreadable images are skipped and counted.
 Metrics JSON: task, checkpoint, num_images, num_texts, images_skipped, txt_r1/5/10 (image -> text),
 img_r1/5/10 (text -> image), the means, ``itc`` (the same before re-ranking), rerank_score, k_test.
-
-Also the plumbing every evaluation task of this package shares: ``load_eval_model``,
-``autocast_context``, ``metrics_path``, ``write_metrics``.
 """
 from __future__ import annotations
 
@@ -24,40 +21,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mplug_pretrain.errors import ConfigError, DataError
-from mplug_pretrain.eval.retrieval import embed_images, embed_texts, evaluate_retrieval, model_device
+from mplug_pretrain.eval.common import eval_autocast, load_eval_model, metrics_path, write_metrics
+from mplug_pretrain.eval.retrieval import embed_images, embed_texts, evaluate_retrieval
 from mplug_pretrain.eval.video_encoding import SkipReport
-from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 log = logging.getLogger(__name__)
-
-
-# ----------------------------------------------------------------------------- shared task plumbing
-def load_eval_model(cfg, checkpoint: str):
-    """A ``save_pretrained`` / ``mplug export`` folder -> MPLUG in eval mode on the GPU when there is one,
-    the ViT re-targeted to ``eval.image_size`` when set."""
-    from mplug_pretrain.models.mplug import CONFIG_FILE, MPLUG
-    if not os.path.isfile(os.path.join(checkpoint, CONFIG_FILE)):
-        raise ConfigError(f"--checkpoint {checkpoint}: not a model folder (no {CONFIG_FILE}); pass a "
-                          "save_pretrained or `mplug export` folder")
-    model = MPLUG.from_pretrained(checkpoint, image_size=cfg.eval.image_size)
-    return model.to(torch.device("cuda" if torch.cuda.is_available() else "cpu")).eval()
-
-
-def autocast_context(cfg, model):
-    """bf16 autocast on a GPU when ``distributed.precision`` resolves to bf16; fp32 otherwise."""
-    from mplug_pretrain.config import resolve_precision
-    device = model_device(model)
-    enabled = device.type == "cuda" and resolve_precision(cfg) == "bf16"
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
-
-
-def metrics_path(cfg, task: str, out: str | None) -> str:
-    """``--out``, else ``eval.output``, else ``<run dir>/metrics_<task>.json``."""
-    return out or cfg.eval.output or os.path.join(cfg.run_dir, f"metrics_{task.replace('-', '_')}.json")
-
-
-def write_metrics(path: str, metrics: dict) -> None:
-    write_json_atomic(path, metrics)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -148,7 +116,7 @@ def evaluate(cfg, model) -> dict:
             captions.extend(batch_captions)
             yield batch_images
 
-    with autocast_context(cfg, model):
+    with eval_autocast(cfg, model):
         visual = embed_images(model, images())
         texts = [c for per_image in captions for c in per_image]
         text_to_image = [i for i, per_image in enumerate(captions) for _ in per_image]

@@ -22,8 +22,13 @@ import logging
 import torch
 
 from mplug_pretrain.errors import DataError
-from mplug_pretrain.eval.output_paths import beside_metrics
-from mplug_pretrain.eval.retrieval_task import autocast_context, load_eval_model, metrics_path, write_metrics
+from mplug_pretrain.eval.common import (
+    beside_metrics,
+    eval_autocast,
+    load_eval_model,
+    metrics_path,
+    write_metrics,
+)
 from mplug_pretrain.eval.video_encoding import SkipReport, encoded_batches, frame_spec, video_record_batches
 from mplug_pretrain.eval.video_retrieval_task import read_caption_annotations
 
@@ -71,7 +76,7 @@ def run(cfg, checkpoint: str, out: str | None = None) -> dict:
     e = cfg.eval
     model = load_eval_model(cfg, checkpoint)
     skipped = SkipReport()
-    with autocast_context(cfg, model):
+    with eval_autocast(cfg, model):
         encoded = encoded_batches(model, video_record_batches(cfg, read_caption_annotations, skipped),
                                   frame_spec(cfg, model), skipped)
         predictions, references = caption_videos(model, load_tokenizer(cfg.data.tokenizer), cfg, encoded)

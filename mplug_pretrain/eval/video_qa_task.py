@@ -27,8 +27,13 @@ from functools import partial
 import torch
 
 from mplug_pretrain.errors import ConfigError, DataError
-from mplug_pretrain.eval.output_paths import beside_metrics
-from mplug_pretrain.eval.retrieval_task import autocast_context, load_eval_model, metrics_path, write_metrics
+from mplug_pretrain.eval.common import (
+    beside_metrics,
+    eval_autocast,
+    load_eval_model,
+    metrics_path,
+    write_metrics,
+)
 from mplug_pretrain.eval.video_encoding import SkipReport, encoded_batches, frame_spec, video_record_batches
 
 log = logging.getLogger(__name__)
@@ -165,7 +170,7 @@ def run(cfg, checkpoint: str, out: str | None = None) -> dict:
     model = load_eval_model(cfg, checkpoint)
     answerer = VideoAnswerer(model, load_tokenizer(cfg.data.tokenizer), cfg, answer_list)
     skipped = SkipReport()
-    with autocast_context(cfg, model):
+    with eval_autocast(cfg, model):
         batches = video_record_batches(cfg, reader, skipped)
         encoded = encoded_batches(model, batches, frame_spec(cfg, model), skipped)
         predictions, num_videos = answer_videos(answerer, encoded, e.batch_size)

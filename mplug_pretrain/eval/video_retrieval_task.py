@@ -22,8 +22,8 @@ import logging
 import torch
 
 from mplug_pretrain.errors import DataError
+from mplug_pretrain.eval.common import eval_autocast, load_eval_model, metrics_path, write_metrics
 from mplug_pretrain.eval.retrieval import TextBank, VisualBank, embed_texts, evaluate_retrieval
-from mplug_pretrain.eval.retrieval_task import autocast_context, load_eval_model, metrics_path, write_metrics
 from mplug_pretrain.eval.video_encoding import (
     FrameSpec,
     SkipReport,
@@ -92,7 +92,7 @@ def evaluate(cfg, model) -> dict:
     e = cfg.eval
     skipped = SkipReport()
     batches = video_record_batches(cfg, read_caption_annotations, skipped)
-    with autocast_context(cfg, model):
+    with eval_autocast(cfg, model):
         visual, videos = encode_video_set(model, batches, frame_spec(cfg, model), skipped)
         text, text_to_video = encode_captions(cfg, model, videos)
         log.info("video-retrieval: %d videos (%d skipped), %d texts; re-ranking (%s, k=%d)", len(videos),

@@ -13,20 +13,25 @@ The answer list: ``vqa.answer_list``, else the one the val shards' manifest name
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 
 import torch
 from torch import nn
 
-from mplug_pretrain.config import Config, resolve_precision
+from mplug_pretrain.config import Config
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.eval.output_paths import beside_metrics
+from mplug_pretrain.eval.common import (
+    beside_metrics,
+    eval_autocast,
+    eval_device,
+    load_eval_model,
+    metrics_path,
+    write_metrics,
+)
 from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa, write_vqa_submission
 from mplug_pretrain.eval.vqa_ranking import rank_answers
 from mplug_pretrain.models.generation import beam_search, token_mask
-from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 
 def decode_answers(tokenizer, sequences: torch.Tensor) -> list[str]:
@@ -97,20 +102,13 @@ def resolve_answer_list(cfg: Config, loader) -> list[str] | None:
     return loader.answer_list
 
 
-def _autocast(cfg: Config, device: torch.device):
-    if device.type == "cuda" and resolve_precision(cfg) == "bf16":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-    return None
-
-
-def evaluate_model(model: nn.Module, cfg: Config, tokenizer, metrics_path: str,
-                   checkpoint: str | None = None) -> dict:
+def evaluate_model(model: nn.Module, cfg: Config, tokenizer, out: str, checkpoint: str | None = None) -> dict:
     """Answer vqa.val_shards with ``model``, write the metrics JSON and the submission; -> metrics."""
     from mplug_pretrain.data.pipeline import build_vqa_loader
     v = cfg.vqa
     if not v.val_shards:
         raise ConfigError("vqa.val_shards: the questions to answer are required by `mplug eval vqa`")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = eval_device()
     model = model.to(device).eval()
     loader = build_vqa_loader(v.val_shards, batch_size=cfg.eval.batch_size, image_size=model.config.vision.image_size,
                               max_text_len=cfg.data.max_text_len, tokenizer=tokenizer,
@@ -118,9 +116,9 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, metrics_path: str,
     predictor = AnswerPredictor(model, tokenizer, v.inference, v.max_answer_length, v.beam_size, v.rank_k,
                                 resolve_answer_list(cfg, loader), v.length_penalty)
     start = time.time()
-    records = answer_questions(predictor, loader, device, _autocast(cfg, device))
+    records = answer_questions(predictor, loader, device, eval_autocast(cfg, model))
     seconds = time.time() - start
-    submission = v.submission or beside_metrics(metrics_path, "vqa_submission.json")
+    submission = v.submission or beside_metrics(out, "vqa_submission.json")
     write_vqa_submission([{"question_id": r["question_id"], "answer": r["answer"]} for r in records], submission)
     metrics = {"task": "vqa", "inference": v.inference, **score_records(records, v.normalization),
                "num_questions": len(records), "questions_per_s": len(records) / max(seconds, 1e-9),
@@ -129,17 +127,13 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, metrics_path: str,
         metrics["rank_k"] = v.rank_k
     else:
         metrics.update(beam_size=v.beam_size, length_penalty=v.length_penalty)
-    write_json_atomic(metrics_path, metrics)
+    write_metrics(out, metrics)
     return metrics
 
 
 def run(cfg: Config, checkpoint: str, out: str | None = None) -> dict:
     """`mplug eval vqa --checkpoint DIR`: DIR is a model folder (save_pretrained / mplug export / <run>/model)."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.models.mplug import MPLUG
-    if not os.path.isfile(os.path.join(checkpoint, "config.json")):
-        raise ConfigError(f"--checkpoint: {checkpoint} is not a model folder (no config.json); "
-                          "pass <run_dir>/model or an `mplug export` folder")
-    model = MPLUG.from_pretrained(checkpoint)
-    metrics_path = out or cfg.eval.output or os.path.join(cfg.run_dir, "metrics_vqa.json")
-    return evaluate_model(model, cfg, load_tokenizer(cfg.data.tokenizer), metrics_path, checkpoint=checkpoint)
+    model = load_eval_model(cfg, checkpoint)
+    return evaluate_model(model, cfg, load_tokenizer(cfg.data.tokenizer), metrics_path(cfg, "vqa", out),
+                          checkpoint=checkpoint)

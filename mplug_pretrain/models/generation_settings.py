@@ -11,6 +11,8 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+from mplug_pretrain.utils.atomic_files import write_json_atomic
+
 GENERATION_FILE = "caption_generation.json"  # written into fine-tuned model folders
 ANSWER_FILE = "answer_generation.json"  # written into every training run's model/ folder (vqa.* settings)
 
@@ -29,8 +31,7 @@ class _SavedBesideWeights:
             return cls(**json.load(f))
 
     def save(self, directory: str) -> None:
-        with open(os.path.join(directory, self.FILE), "w") as f:
-            json.dump(asdict(self), f, indent=2)
+        write_json_atomic(os.path.join(directory, self.FILE), asdict(self))
 
 
 @dataclass

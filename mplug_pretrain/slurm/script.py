@@ -25,9 +25,9 @@ import shlex
 from dataclasses import dataclass
 
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.train.signals import PREEMPTED_MARKER
 
 KINDS = ("pretrain", "finetune", "eval")
-PREEMPTED_MARKER = "preempted"  # written by the trainer (mplug_pretrain.train.pretrain)
 MAX_SIGNAL_SECONDS = 65535  # sbatch --signal limit
 
 _SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:/+@=-]+$")

@@ -28,6 +28,7 @@ from mplug_pretrain.slurm.script import (
     check_sbatch_value,
     default_signal_seconds,
 )
+from mplug_pretrain.utils.atomic_files import write_text_atomic
 
 
 def checkpoint_label(path: str) -> str:
@@ -122,13 +123,9 @@ def _eval_commands(
     return commands
 
 
-
-
 def submit_script(job: SlurmJob, script: str) -> str:
     """Writes the script into the run folder, runs ``sbatch`` and returns the job id."""
-    os.makedirs(os.path.dirname(job.script_path), exist_ok=True)
-    with open(job.script_path, "w") as f:
-        f.write(script)
+    write_text_atomic(job.script_path, script)
     try:
         result = subprocess.run(
             ["sbatch", "--parsable", job.script_path],

@@ -35,6 +35,7 @@ from mplug_pretrain.train.caption_model import captioner, load_caption_model, tr
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training, seed_everything
 from mplug_pretrain.train.scst import CiderDReward
+from mplug_pretrain.utils.atomic_files import write_json_atomic
 from mplug_pretrain.utils.process_group import barrier, rank
 
 STAGE_DONE = "stage_done.json"
@@ -196,8 +197,7 @@ def run(cfg: Config, resume: str | None = None) -> dict:
                 print(f"[caption] stage {index + 1}_{stage.name}: held-out CIDEr-D {record['cider_d']:.4f} (beam), "
                       f"{record['sample_cider_d']:.4f} (mean of sampled captions)", flush=True)
         if rank() == 0:
-            with open(done_path, "w") as f:
-                json.dump(record, f, indent=2)
+            write_json_atomic(done_path, record)
         barrier()
         stages.append(record)
         init_dir = model_dir
@@ -218,6 +218,5 @@ def _final_metrics(cfg: Config, model_dir: str, tokenizer, stages: list[dict]) -
         return {**evaluate_model(model, cfg, tokenizer, cfg.caption.val_shards, out, checkpoint=model_dir,
                                  extra=per_stage), **per_stage}
     if rank() == 0:
-        with open(out, "w") as f:
-            json.dump({**per_stage, "checkpoint": model_dir}, f, indent=2)
+        write_json_atomic(out, {**per_stage, "checkpoint": model_dir})
     return per_stage

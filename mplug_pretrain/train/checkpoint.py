@@ -4,7 +4,7 @@ Layout: ``<run>/checkpoints/<tag>/`` holds DeepSpeed's files (module incl. momen
 queue buffers + pointers, optimizer partitions) and ``trainer_state_rank<R>.pt`` (global step,
 samples seen, data position, LR schedule position, RNG states of python/numpy/torch[/cuda]).
 ``<run>/checkpoints/latest`` names the newest COMPLETE tag: it is written after every rank has
-finished writing (barrier) via a temporary file and ``os.replace``, so a write killed half-way
+finished writing (barrier), atomically (utils/atomic_files.py), so a write killed half-way
 leaves the previous ``latest`` loadable. The last ``keep_last`` tags are kept.
 
 Trainer state is saved as plain tensors/lists/dicts and read with ``torch.load(weights_only=True)``.
@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from mplug_pretrain.train.distributed import barrier
+from mplug_pretrain.utils.atomic_files import atomic_write, write_text_atomic
+from mplug_pretrain.utils.process_group import barrier
 
 LATEST = "latest"
 _TAG = re.compile(r"^step(\d+)$")
@@ -71,9 +72,8 @@ def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_
     if os.environ.get("MPLUG_TEST_KILL_DURING_SAVE_AT_STEP") == str(state.global_step):
         os.kill(os.getpid(), 9)  # fault injection for tests: die after the weights, before `latest`
     payload = {"trainer": asdict(state), "rng": capture_rng()}
-    path = os.path.join(ckpt_dir, tag, f"trainer_state_rank{rank}.pt")
-    torch.save(payload, path + ".tmp")
-    os.replace(path + ".tmp", path)
+    with atomic_write(os.path.join(ckpt_dir, tag, f"trainer_state_rank{rank}.pt"), "wb") as f:
+        torch.save(payload, f)
     barrier()
     if rank == 0:
         _write_latest(ckpt_dir, tag)
@@ -83,12 +83,7 @@ def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_
 
 
 def _write_latest(ckpt_dir: str, tag: str) -> None:
-    tmp = os.path.join(ckpt_dir, f".{LATEST}.tmp")
-    with open(tmp, "w") as f:
-        f.write(tag)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(ckpt_dir, LATEST))
+    write_text_atomic(os.path.join(ckpt_dir, LATEST), tag)
 
 
 def read_latest(ckpt_dir: str) -> str | None:

@@ -112,17 +112,6 @@ def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> Wo
     return info
 
 
-def is_main_process() -> bool:
-    from mplug_pretrain.utils.process_group import rank
-    return rank() == 0
-
-
-def barrier() -> None:
-    import torch.distributed as dist
-    if dist.is_initialized():
-        dist.barrier()
-
-
 def shutdown_distributed() -> None:
     """Destroy the process group at exit: without it gloo may abort a rank while exiting."""
     import torch.distributed as dist

@@ -16,6 +16,7 @@ import torch
 
 from mplug_pretrain.config import Config, deepspeed_config, resolve_precision
 from mplug_pretrain.utils import process_group
+from mplug_pretrain.utils.precision import autocast_context
 
 
 def use_fused_adamw(train_device_type: str, offload_optimizer: bool) -> bool:
@@ -51,13 +52,10 @@ def build_engine(model, cfg: Config, world_size: int):
     return engine, optimizer, ds_config
 
 
-def autocast_context(cfg: Config):
-    """bf16 autocast where the run is bf16 (DeepSpeed casts weights; autocast keeps fp32-sensitive
-    ops such as softmax/normalisation in fp32)."""
-    if resolve_precision(cfg) == "bf16":
-        return torch.autocast(device_type=process_group.device().type, dtype=torch.bfloat16)
-    import contextlib
-    return contextlib.nullcontext()
+def train_autocast(cfg: Config):
+    """The precision context (utils/precision.py) of a training forward pass: bf16 autocast where the run is
+    bf16 (DeepSpeed casts the weights; autocast keeps fp32-sensitive ops in fp32), on this rank's device."""
+    return autocast_context(resolve_precision(cfg), process_group.device())
 
 
 @torch.no_grad()

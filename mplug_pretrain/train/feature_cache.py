@@ -31,6 +31,7 @@ from mplug_pretrain.data.image_decode import decode_image, decode_json, image_fi
 from mplug_pretrain.data.urls import all_shards, expand_sources
 from mplug_pretrain.errors import DataError
 from mplug_pretrain.utils import process_group
+from mplug_pretrain.utils.atomic_files import atomic_write, write_json_atomic
 
 
 class CacheInputFormat:
@@ -100,7 +101,7 @@ def build_feature_cache(model: nn.Module, urls: str, root: str, image_size: int,
     keys: list[str] = []
     seen: set[str] = set()
     row_shape = None
-    with open(os.path.join(folder, f"part-{rank:03d}.bin"), "wb") as out:
+    with atomic_write(os.path.join(folder, f"part-{rank:03d}.bin"), "wb") as out:
         for batch in loader:
             keep = []
             for i, (pad, key) in enumerate(zip(batch["is_pad"].tolist(), batch["key"])):
@@ -114,8 +115,7 @@ def build_feature_cache(model: nn.Module, urls: str, root: str, image_size: int,
             keys.extend(batch["key"][i] for i in keep)
             row_shape = list(tokens.shape[1:])
     vit.train(was_training)
-    with open(os.path.join(folder, f"part-{rank:03d}.json"), "w") as f:
-        json.dump({"keys": keys, "row_shape": row_shape}, f)
+    write_json_atomic(os.path.join(folder, f"part-{rank:03d}.json"), {"keys": keys, "row_shape": row_shape}, indent=None)
     log(f"[cache] rank {rank}: {len(keys)} images cached ({loader.log_line()})")
     process_group.barrier()
     if rank == 0:
@@ -127,10 +127,7 @@ def build_feature_cache(model: nn.Module, urls: str, root: str, image_size: int,
         if not shapes:
             raise DataError(f"{urls}: no image could be cached (every sample was skipped)")
         meta = {"fingerprint": digest, **described, "row_shape": shapes[0], "parts": world}
-        tmp = os.path.join(folder, META + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(meta, f, indent=1)
-        os.replace(tmp, os.path.join(folder, META))
+        write_json_atomic(os.path.join(folder, META), meta, indent=1)
         log(f"[cache] complete: {folder}")
     process_group.barrier()
     return folder

@@ -27,13 +27,13 @@ import torch.distributed as dist
 from mplug_pretrain.config import Config, save_config
 from mplug_pretrain.train.checkpoint import TrainerState, load_checkpoint, resolve_resume, save_checkpoint
 from mplug_pretrain.train.distributed import init_distributed
-from mplug_pretrain.train.engine import autocast_context, build_engine, momentum_update, save_final_model
+from mplug_pretrain.train.engine import build_engine, momentum_update, save_final_model, train_autocast
 from mplug_pretrain.train.flops import current_peak_flops, mfu
 from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, truncate_log
 from mplug_pretrain.train.schedule import apply_lr
-from mplug_pretrain.train.signals import StopRequest
-
-PREEMPTED_MARKER = "preempted"
+from mplug_pretrain.train.signals import PREEMPTED_MARKER, StopRequest
+from mplug_pretrain.utils import process_group
+from mplug_pretrain.utils.atomic_files import write_text_atomic
 
 
 class NonFiniteLossError(RuntimeError):
@@ -46,7 +46,7 @@ def _record_world(run_dir: str, info) -> None:
     import socket
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # Slurm's node name, else the host
     hosts = [None] * info.world_size
-    if dist.is_initialized() and info.world_size > 1:
+    if process_group.world_size() > 1:
         dist.all_gather_object(hosts, host)
     else:
         hosts = [host]
@@ -93,7 +93,7 @@ def _to_device(batch: dict, device, float_dtype=None) -> dict:
 
 def _all_ranks_max(values: list[float], device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if process_group.world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
 
@@ -101,7 +101,7 @@ def _all_ranks_max(values: list[float], device) -> list[float]:
 def _any_rank_nonfinite(loss: torch.Tensor) -> bool:
     """True when the loss is NaN/inf on any rank: one all-reduce and one host sync."""
     bad = (~torch.isfinite(loss.detach())).to(torch.float64).reshape(1)
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if process_group.world_size() > 1:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     return bool(bad.item())
 
@@ -190,7 +190,7 @@ def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
     if run.task.flops_per_sample is not None and run.peak_flops is not None:
         run.flops_per_sample = run.task.flops_per_sample(cfg, batch)
     batch = _to_device(batch, run.device, run.float_dtype)
-    with autocast_context(cfg):
+    with train_autocast(cfg):
         out = run.task.losses(engine, batch, state)
     loss = out["loss"]
     if state.global_step in run.nan_steps and run.micro == 0:
@@ -255,8 +255,7 @@ def _maybe_checkpoint(run: _Run) -> bool:
     if signal_flag:
         run.exit_reason = "preempted"
         if run.rank == 0:
-            with open(os.path.join(run.run_dir, PREEMPTED_MARKER), "w") as f:
-                f.write(run.stop.signal_name or "signal")
+            write_text_atomic(os.path.join(run.run_dir, PREEMPTED_MARKER), run.stop.signal_name or "signal")
         run.log.event(f"[train] stop requested ({run.stop.signal_name or 'signal on another rank'}): "
                       f"saved at step {state.global_step}, exiting")
     return bool(signal_flag)

@@ -40,10 +40,6 @@ class Progress:
                              dynamic_ncols=sized, ncols=None if sized else FALLBACK_COLUMNS,
                              nrows=None if sized else FALLBACK_ROWS)
 
-    @property
-    def has_bar(self) -> bool:
-        return self._bar is not None
-
     def step(self, record: dict) -> None:
         step = record["step"]
         if self._bar is not None:

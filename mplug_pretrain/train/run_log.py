@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from mplug_pretrain.utils.atomic_files import atomic_write
+
 
 def peak_memory_mb() -> float:
     if torch.cuda.is_available():
@@ -79,10 +81,8 @@ def truncate_log(run_dir: str, last_step: int) -> int:
     kept = [r for r in records if r.get("step", 0) <= last_step]
     if len(kept) == len(records):
         return 0
-    path = os.path.join(run_dir, "log.jsonl")
-    with open(path + ".tmp", "w") as f:
+    with atomic_write(os.path.join(run_dir, "log.jsonl")) as f:
         f.writelines(json.dumps(r) + "\n" for r in kept)
-    os.replace(path + ".tmp", path)
     return len(records) - len(kept)
 
 

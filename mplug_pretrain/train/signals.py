@@ -1,11 +1,15 @@
 """SIGTERM / SIGUSR1 -> save a checkpoint at the next step boundary, then exit cleanly.
 
 Slurm sends USR1 before preemption (``--signal=B:USR1@T``, forwarded by the batch script) and TERM on
-cancel; the handler only sets a flag, the training loop agrees on it across ranks and saves.
+cancel; the handler only sets a flag, the training loop agrees on it across ranks and saves. Rank 0 then
+writes ``<run_dir>/preempted`` (``PREEMPTED_MARKER``), which tells the sbatch script (slurm/script.py) to
+requeue the job.
 """
 from __future__ import annotations
 
 import signal
+
+PREEMPTED_MARKER = "preempted"
 
 
 class StopRequest:

@@ -138,8 +138,7 @@ def _evaluate_final_model(cfg: Config, tokenizer) -> dict:
     """Rank 0 reloads <run_dir>/model (full precision, whatever the ZeRO stage) and evaluates it."""
     from mplug_pretrain.eval.vqa_task import evaluate_model
     from mplug_pretrain.models.mplug import MPLUG
-    from mplug_pretrain.train.distributed import barrier
-    from mplug_pretrain.utils.process_group import rank
+    from mplug_pretrain.utils.process_group import barrier, rank
     metrics: dict = {}
     if rank() == 0:
         model_dir = os.path.join(cfg.run_dir, "model")

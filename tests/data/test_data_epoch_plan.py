@@ -7,11 +7,9 @@ import pytest
 
 from mplug_pretrain.data.epoch_plan import (
     ExactPlan,
-    data_position,
     local_skip,
     logical_slot,
     resampled_batches_per_slot,
-    samples_seen,
 )
 from mplug_pretrain.data.urls import expand_sources
 from mplug_pretrain.errors import ConfigError, DataError
@@ -81,15 +79,6 @@ def test_resume_rotation_matches_round_robin(workers):
 def test_resampled_epoch_rule():
     assert resampled_batches_per_slot(1000, batch_size=8, world_size=2, workers=3) == 21  # ceil(ceil(62.5)/3)
     assert resampled_batches_per_slot(16, batch_size=8, world_size=2, workers=1) == 1
-
-
-def test_samples_seen_round_trip():
-    for epoch, batch in [(0, 0), (0, 5), (3, 0), (2, 11)]:
-        seen = samples_seen(epoch, batch, batches_per_epoch=12, global_batch_size=64)
-        assert seen == (epoch * 12 + batch) * 64
-        assert data_position(seen, batches_per_epoch=12, global_batch_size=64) == (epoch + batch // 12, batch % 12)
-    with pytest.raises(DataError):
-        data_position(65, batches_per_epoch=12, global_batch_size=64)
 
 
 def test_brace_and_source_expansion_counts():

@@ -20,6 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from mplug_pretrain.utils import process_group
+
 
 class ImageTextContrastive(nn.Module):
     def __init__(self, width: int, embed_dim: int, temperature: float, queue_size: int, momentum: bool):
@@ -97,9 +99,9 @@ class ImageTextContrastive(nn.Module):
 
 def _gather_rows(x: torch.Tensor) -> torch.Tensor:
     """Concatenate ``x`` [n_rank, ...] over all ranks (ranks may hold different n: a last partial batch)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    world = process_group.world_size()
+    if world == 1:
         return x
-    world = dist.get_world_size()
     sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(world)]
     dist.all_gather(sizes, torch.tensor([x.shape[0]], device=x.device))
     sizes = [int(s) for s in sizes]

@@ -1,0 +1,54 @@
+"""What every ``mplug eval`` task shares: the model folder it evaluates, the device and precision it runs in,
+where its metrics JSON goes (and its side files, beside it), and how the JSON is written (atomically)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.utils.atomic_files import write_json_atomic
+from mplug_pretrain.utils.precision import autocast_context
+
+
+def eval_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_eval_model(cfg, checkpoint: str):
+    """A ``save_pretrained`` / ``mplug export`` folder -> MPLUG in eval mode on ``eval_device()``, the ViT
+    re-targeted to ``eval.image_size`` when set."""
+    from mplug_pretrain.models.mplug import CONFIG_FILE, MPLUG
+    if not os.path.isfile(os.path.join(checkpoint, CONFIG_FILE)):
+        raise ConfigError(f"--checkpoint {checkpoint}: not a model folder (no {CONFIG_FILE}); pass a "
+                          "save_pretrained or `mplug export` folder (e.g. a run's model/)")
+    model = MPLUG.from_pretrained(checkpoint, image_size=cfg.eval.image_size)
+    return model.to(eval_device()).eval()
+
+
+def eval_autocast(cfg, model):
+    """The precision context (utils/precision.py) to evaluate ``model`` in: bf16 on a GPU when
+    ``distributed.precision`` resolves to bf16, fp32 otherwise (on a CPU always)."""
+    from mplug_pretrain.config import resolve_precision
+    device = next(model.parameters()).device
+    precision = "bf16" if device.type == "cuda" and resolve_precision(cfg) == "bf16" else "fp32"
+    return autocast_context(precision, device)
+
+
+def metrics_path(cfg, task: str, out: str | None) -> str:
+    """``--out``, else ``eval.output``, else ``<run dir>/metrics_<task>.json``."""
+    return out or cfg.eval.output or os.path.join(cfg.run_dir, f"metrics_{task.replace('-', '_')}.json")
+
+
+def beside_metrics(metrics_path: str, name: str) -> str:
+    """A side file (predictions, submission) named after its metrics JSON, so two evaluations writing ``a.json``
+    and ``b.json`` into one folder never overwrite each other's:
+    ``runs/x/eval/val.json`` + ``vqa_submission.json`` -> ``runs/x/eval/val.vqa_submission.json``."""
+    path = os.path.abspath(metrics_path)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return os.path.join(os.path.dirname(path), f"{stem}.{name}")
+
+
+def write_metrics(path: str, metrics) -> None:
+    """The metrics (or predictions) JSON, indented, written atomically (parent folders made)."""
+    write_json_atomic(path, metrics)
