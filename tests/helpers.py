@@ -1,4 +1,7 @@
-"""Helpers shared by the integration tests: run the real CLI in a subprocess."""
+"""Helpers shared by the integration tests: run the real CLI, in this process (``call_mplug``) or, where the
+command starts processes of its own or initialises torch.distributed, in a subprocess (``run_mplug``)."""
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -12,6 +15,19 @@ def run_mplug(args, env=None, timeout=900):
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "mplug_pretrain", *args], check=False, cwd=REPO_ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def call_mplug(args) -> subprocess.CompletedProcess:
+    """``mplug ARGS`` through ``cli.main`` in this process: return code, stdout and stderr as ``run_mplug`` gives
+    them (argparse's exits become return codes)."""
+    from mplug_pretrain.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return subprocess.CompletedProcess(["mplug", *args], code, out.getvalue(), err.getvalue())
 
 
 def read_log(run_dir):

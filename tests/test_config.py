@@ -1,14 +1,13 @@
 """Config: typed loading, overrides, validation errors that name the field, DeepSpeed derivation."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from mplug_pretrain.config import config_from_dict, deepspeed_config, load_config, save_config
 from mplug_pretrain.errors import ConfigError
+from tests.helpers import call_mplug
 
 
 def write_yaml(tmp_path, data, name="cfg.yaml"):
@@ -92,8 +91,7 @@ def test_shipped_configs_load():
 
 def test_cli_reports_bad_config_before_work(tmp_path):
     path = write_yaml(tmp_path, {"optim": {"warmup_steps": "soon"}})
-    proc = subprocess.run([sys.executable, "-m", "mplug_pretrain", "pretrain", "--config", path], check=False,
-                          capture_output=True, text=True, timeout=120)
+    proc = call_mplug(["pretrain", "--config", path, f"run.output_dir={tmp_path / 'runs'}"])
     assert proc.returncode == 2
     assert "optim.warmup_steps" in proc.stderr
     assert not (tmp_path / "runs").exists()

@@ -17,7 +17,7 @@ import mplug_pretrain
 from mplug_pretrain.data.tokenizer import default_vocab_path
 from mplug_pretrain.models.preprocessing import write_inference_files
 from mplug_pretrain.models.presets import build_model
-from tests.helpers import REPO_ROOT, run_mplug, tiny_pretrain_args
+from tests.helpers import REPO_ROOT, call_mplug, run_mplug, tiny_pretrain_args
 
 TEXTS = ["A red circle, left of a BLUE square!", "what color is the triangle above the grass and the sky today?"]
 LOADER = """
@@ -102,7 +102,7 @@ def test_training_model_folder_and_export_are_self_contained(tmp_path, demo_shar
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert check_self_contained(str(tmp_path / "run" / "model"), tmp_path / "a", max_len=11)["answer_max_length"] == 4
     out = tmp_path / "exported"
-    proc = run_mplug(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(out)])
+    proc = call_mplug(["export", "--checkpoint", str(tmp_path / "run"), "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert check_self_contained(str(out), tmp_path / "b", max_len=11)["answer_max_length"] == 4
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import REPO_ROOT, read_log, run_mplug, tiny_pretrain_args
+from tests.helpers import REPO_ROOT, call_mplug, read_log, run_mplug, tiny_pretrain_args
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +107,7 @@ def test_export_from_zero3_loads_without_deepspeed(tmp_path, demo_shards):
     proc = run_mplug(["pretrain", "--nproc", "2", *args])
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "exported"
-    proc = run_mplug(["export", "--checkpoint", str(tmp_path / "exp"), "--out", str(out)])
+    proc = call_mplug(["export", "--checkpoint", str(tmp_path / "exp"), "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     check = subprocess.run([sys.executable, "-c", f"""
 import sys, torch

@@ -18,7 +18,7 @@ from mplug_pretrain.eval import caption_task
 from mplug_pretrain.eval.caption_task import GenerationSettings, caption_images
 from mplug_pretrain.eval.predict_captions import image_files
 from mplug_pretrain.models.presets import build_model
-from tests.helpers import run_mplug
+from tests.helpers import call_mplug
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -105,8 +105,8 @@ def test_mplug_caption_cli_prints_one_caption_per_image(model_dir, images, tmp_p
     gray = tmp_path / "COCO_val2014_000000000042.png"
     Image.fromarray(np.zeros((40, 30), np.uint8), "L").save(gray)  # grey, not square
     out = tmp_path / "results.json"
-    proc = run_mplug(["caption", "--checkpoint", model_dir, paths[0], str(tmp_path), "--beam-size", "3",
-                      "--max-length", "8", "--out", str(out)], env={"OMP_NUM_THREADS": "1"})
+    proc = call_mplug(["caption", "--checkpoint", model_dir, paths[0], str(tmp_path), "--beam-size", "3",
+                       "--max-length", "8", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line.split("\t") for line in proc.stdout.strip().splitlines()]
     assert [p for p, _ in lines] == [paths[0], str(gray), *paths]  # the file, then the folder's files

@@ -19,7 +19,7 @@ from mplug_pretrain.eval.vqa_accuracy import vqa_accuracy
 from mplug_pretrain.eval.vqa_task import AnswerPredictor, answer_questions
 from mplug_pretrain.models.presets import build_model
 from mplug_pretrain.train.vqa_task import answer_pairs, freeze_pretraining_heads, weighted_answer_loss
-from tests.helpers import REPO_ROOT, read_log, run_mplug
+from tests.helpers import REPO_ROOT, call_mplug, read_log, run_mplug
 
 CONFIG = os.path.join(REPO_ROOT, "configs", "vqa_demo.yaml")
 MAX_ANSWER_LENGTH = 5
@@ -49,9 +49,9 @@ def cli_runs(shards, tmp_path_factory) -> dict:
                           "optim.max_steps=3", "optim.warmup_steps=1", "run.log_every=1",
                           f"run.output_dir={root}", "run.name=ft", *common], timeout=600)
     assert finetune.returncode == 0, finetune.stderr[-3000:]
-    evaluate = run_mplug(["eval", "vqa", "--config", CONFIG, "--checkpoint", str(root / "ft" / "model"),
-                          "--out", str(root / "eval" / "metrics.json"), "vqa.inference=rank",
-                          "vqa.normalization=legacy", *common], timeout=600)
+    evaluate = call_mplug(["eval", "vqa", "--config", CONFIG, "--checkpoint", str(root / "ft" / "model"),
+                           "--out", str(root / "eval" / "metrics.json"), "vqa.inference=rank",
+                           "vqa.normalization=legacy", *common])
     assert evaluate.returncode == 0, evaluate.stderr[-3000:]
     return {"run_dir": root / "ft", "eval_dir": root / "eval"}
 
