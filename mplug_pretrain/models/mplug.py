@@ -243,10 +243,17 @@ class MPLUG(InferenceMixin, nn.Module):
         ``prompt_length`` = leading tokens forming the prompt, [CLS] included ("a picture of" -> 4).
         The prompt "[CLS] a picture of [SEP]" goes through text encoder + fusion with the image; the decoder
         predicts the whole caption after the prompt ("[CLS]" as BOS ... "[SEP]"). Token-mean cross-entropy."""
+        return self.caption_loss_from_states(self.encode_image(image), input_ids, attention_mask, prompt_length,
+                                             label_smoothing)
+
+    def caption_loss_from_states(self, image_states: torch.Tensor, input_ids: torch.Tensor,
+                                 attention_mask: torch.Tensor, prompt_length: int,
+                                 label_smoothing: float = 0.0) -> torch.Tensor:
+        """``caption_loss`` from visual states [B, 1+M, D] already computed (a frozen ViT, cached features)."""
         if prompt_length < 1:
             raise ValueError(f"prompt_length counts [CLS] and must be >= 1, got {prompt_length}")
         split = split_prefix(input_ids, attention_mask, split=torch.tensor(prompt_length - 1))
-        return self._decoder_loss(self.encode_image(image), split, label_smoothing)
+        return self._decoder_loss(image_states, split, label_smoothing)
 
     @torch.no_grad()
     def momentum_update(self) -> None:

@@ -13,7 +13,7 @@ from mplug_pretrain.data.transforms import build_eval_transform
 from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards
 from mplug_pretrain.models.vision import states_from_vit_tokens
 from mplug_pretrain.train.caption_data import CaptionImageFormat, CaptionText, prompt_ids
-from mplug_pretrain.train.caption_losses import caption_xe_loss, visual_states
+from mplug_pretrain.train.caption_losses import visual_states
 from mplug_pretrain.train.caption_model import captioner
 from mplug_pretrain.train.feature_cache import build_feature_cache
 
@@ -61,8 +61,8 @@ def test_cached_features_give_the_loss_of_the_frozen_encoder(shards, model, toke
     prompt_length = prompt_ids(tokenizer, "a picture of").shape[1] - 1
     with torch.no_grad():
         reference = model.caption_loss(images["image"], images["input_ids"], images["attention_mask"], prompt_length)
-        from_cache = caption_xe_loss(model, states_from_vit_tokens(model.image_encoder, cached["features"]),
-                                     cached["input_ids"], cached["attention_mask"], prompt_length)
+        from_cache = model.caption_loss_from_states(states_from_vit_tokens(model.image_encoder, cached["features"]),
+                                                    cached["input_ids"], cached["attention_mask"], prompt_length)
     assert abs(from_cache.item() - reference.item()) <= 1e-6
     assert reference.item() > 1.0  # a real loss, not a degenerate zero
 
@@ -107,6 +107,6 @@ def test_frozen_vision_takes_no_gradient(shards, model, tokenizer):
     batch = _batches(build_loader(shards["a"], fmt, batch_size=4, shuffle=False, rank=0, world_size=1))
     trained = captioner(model.config)
     states = visual_states(trained, batch, [0, 1, 2, 3], freeze_vision=True)
-    caption_xe_loss(trained, states, batch["input_ids"], batch["attention_mask"], 4).backward()
+    trained.caption_loss_from_states(states, batch["input_ids"], batch["attention_mask"], 4).backward()
     assert all(p.grad is None for p in trained.image_encoder.vit.parameters())
     assert trained.decoder.embeddings.word_embeddings.weight.grad is not None
