@@ -16,10 +16,12 @@ from typing import Literal
 
 import yaml
 
-from mplug_pretrain.config_loader import build_dataclass, deep_merge, parse_overrides, to_dict
+from mplug_pretrain.config_loader import deep_merge, parse_overrides, to_dict
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.utils.resources import deepspeed_template
+from mplug_pretrain.utils.typed_dataclass import build_dataclass
+from mplug_pretrain.utils.value_checks import check_positive
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -231,53 +233,48 @@ def config_from_dict(raw: dict, check_paths: bool = True) -> Config:
     return cfg
 
 
-def _positive(value, name: str, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name}: expected {'>= 0' if allow_zero else '> 0'}, got {value}")
-
-
 def validate(cfg: Config, check_paths: bool = True) -> None:
     cfg.model.validate("model")
     d, o, dist, r = cfg.data, cfg.optim, cfg.distributed, cfg.run
-    _positive(d.batch_size, "data.batch_size")
-    _positive(d.num_workers, "data.num_workers", allow_zero=True)
-    _positive(d.max_text_len, "data.max_text_len")
+    check_positive(d.batch_size, "data.batch_size")
+    check_positive(d.num_workers, "data.num_workers", allow_zero=True)
+    check_positive(d.max_text_len, "data.max_text_len")
     if d.train_weights is not None and d.train_shards and len(d.train_weights) != len(d.train_shards.split("::")):
         raise ConfigError(f"data.train_weights: {len(d.train_weights)} weights for "
                           f"{len(d.train_shards.split('::'))} sources in data.train_shards")
     for name in ("lr_vision", "lr_rest", "min_lr", "eps"):
-        _positive(getattr(o, name), f"optim.{name}", allow_zero=name == "min_lr")
-    _positive(o.weight_decay, "optim.weight_decay", allow_zero=True)
-    _positive(o.warmup_steps, "optim.warmup_steps", allow_zero=True)
-    _positive(o.max_steps, "optim.max_steps")
-    _positive(o.grad_accum_steps, "optim.grad_accum_steps")
-    _positive(o.grad_clip, "optim.grad_clip", allow_zero=True)
+        check_positive(getattr(o, name), f"optim.{name}", allow_zero=name == "min_lr")
+    check_positive(o.weight_decay, "optim.weight_decay", allow_zero=True)
+    check_positive(o.warmup_steps, "optim.warmup_steps", allow_zero=True)
+    check_positive(o.max_steps, "optim.max_steps")
+    check_positive(o.grad_accum_steps, "optim.grad_accum_steps")
+    check_positive(o.grad_clip, "optim.grad_clip", allow_zero=True)
     if o.min_lr > min(o.lr_vision, o.lr_rest):
         raise ConfigError(f"optim.min_lr: {o.min_lr} is above a peak learning rate")
     if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
         raise ConfigError(f"optim.betas: expected two values in [0, 1), got {list(o.betas)}")
     if dist.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"distributed.zero_stage: expected one of 0, 1, 2, 3, got {dist.zero_stage}")
-    _positive(dist.timeout_minutes, "distributed.timeout_minutes")
+    check_positive(dist.timeout_minutes, "distributed.timeout_minutes")
     if dist.offload_optimizer and dist.zero_stage == 0:
         raise ConfigError("distributed.offload_optimizer: needs zero_stage >= 1")
-    _positive(r.log_every, "run.log_every")
-    _positive(r.checkpoint_every_steps, "run.checkpoint_every_steps")
-    _positive(r.checkpoint_every_minutes, "run.checkpoint_every_minutes")
-    _positive(r.keep_last, "run.keep_last")
-    _positive(r.max_nonfinite_in_row, "run.max_nonfinite_in_row")
+    check_positive(r.log_every, "run.log_every")
+    check_positive(r.checkpoint_every_steps, "run.checkpoint_every_steps")
+    check_positive(r.checkpoint_every_minutes, "run.checkpoint_every_minutes")
+    check_positive(r.keep_last, "run.keep_last")
+    check_positive(r.max_nonfinite_in_row, "run.max_nonfinite_in_row")
     if not r.name or "/" in r.name or r.name.startswith("."):
         raise ConfigError(f"run.name: expected a plain folder name, got {r.name!r}")
     if not 0.0 <= cfg.caption.label_smoothing < 1.0:
         raise ConfigError(f"caption.label_smoothing: expected in [0, 1), got {cfg.caption.label_smoothing}")
-    _positive(cfg.caption.scst_samples, "caption.scst_samples")
-    _positive(cfg.caption.beam_size, "caption.beam_size")
+    check_positive(cfg.caption.scst_samples, "caption.scst_samples")
+    check_positive(cfg.caption.beam_size, "caption.beam_size")
     e = cfg.eval
     for name in ("num_frames", "k_test", "batch_size", "max_text_len", "rank_k", "beam_size", "max_length"):
-        _positive(getattr(e, name), f"eval.{name}")
-    _positive(e.num_workers, "eval.num_workers", allow_zero=True)
+        check_positive(getattr(e, name), f"eval.{name}")
+    check_positive(e.num_workers, "eval.num_workers", allow_zero=True)
     if e.image_size is not None:
-        _positive(e.image_size, "eval.image_size")
+        check_positive(e.image_size, "eval.image_size")
     if not 0 <= e.min_length <= e.max_length:
         raise ConfigError(f"eval.min_length: expected in [0, eval.max_length={e.max_length}], got {e.min_length}")
     try:
@@ -292,9 +289,9 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
         for name in ("shards", "annotations", "image_root", "video_root", "video_mapping", "answer_list"):
             if getattr(e, name) is not None:
                 check_path(getattr(e, name), f"eval.{name}")
-    _positive(cfg.vqa.rank_k, "vqa.rank_k")
-    _positive(cfg.vqa.beam_size, "vqa.beam_size")
-    _positive(cfg.vqa.length_penalty, "vqa.length_penalty", allow_zero=True)
+    check_positive(cfg.vqa.rank_k, "vqa.rank_k")
+    check_positive(cfg.vqa.beam_size, "vqa.beam_size")
+    check_positive(cfg.vqa.length_penalty, "vqa.length_penalty", allow_zero=True)
     unknown = [name for name in cfg.vqa.freeze if name not in VQA_FREEZABLE]
     if unknown:
         raise ConfigError(f"vqa.freeze: unknown part {unknown[0]!r} (known: {', '.join(VQA_FREEZABLE)})")
@@ -302,7 +299,7 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
         raise ConfigError("vqa.max_answer_length: expected >= 2 (one word and [SEP]), "
                           f"got {cfg.vqa.max_answer_length}")
     if cfg.vqa.image_size is not None:
-        _positive(cfg.vqa.image_size, "vqa.image_size")
+        check_positive(cfg.vqa.image_size, "vqa.image_size")
     _validate_caption(cfg.caption)
     if check_paths:
         for name, value in (("data.train_shards", d.train_shards), ("data.val_shards", d.val_shards),
@@ -316,12 +313,12 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
 
 
 def _validate_caption(c: CaptionConfig) -> None:
-    _positive(c.scst_sigma, "caption.scst_sigma")
-    _positive(c.max_length, "caption.max_length")
+    check_positive(c.scst_sigma, "caption.scst_sigma")
+    check_positive(c.max_length, "caption.max_length")
     if not 0 <= c.min_length <= c.max_length:
         raise ConfigError(f"caption.min_length: expected in [0, caption.max_length={c.max_length}], got {c.min_length}")
     if c.image_size is not None:
-        _positive(c.image_size, "caption.image_size")
+        check_positive(c.image_size, "caption.image_size")
     if not c.stages:
         raise ConfigError("caption.stages: expected at least one stage")
     names = [stage.name for stage in c.stages]
@@ -329,7 +326,7 @@ def _validate_caption(c: CaptionConfig) -> None:
         where = f"caption.stages[{i}]"
         if not stage.name or "/" in stage.name or stage.name.startswith(".") or names.count(stage.name) > 1:
             raise ConfigError(f"{where}.name: expected a unique plain folder name, got {stage.name!r}")
-        _positive(stage.steps, f"{where}.steps")
+        check_positive(stage.steps, f"{where}.steps")
         if stage.cached_features and not stage.freeze_vision:
             raise ConfigError(f"{where}.cached_features: needs freeze_vision: true "
                               "(cached features come from a frozen encoder)")
@@ -338,10 +335,10 @@ def _validate_caption(c: CaptionConfig) -> None:
                               f"needs >= 2, got {c.scst_samples}")
         for name in ("lr_rest", "lr_vision", "batch_size", "grad_accum_steps"):
             if getattr(stage, name) is not None:
-                _positive(getattr(stage, name), f"{where}.{name}")
+                check_positive(getattr(stage, name), f"{where}.{name}")
         for name in ("min_lr", "warmup_steps"):
             if getattr(stage, name) is not None:
-                _positive(getattr(stage, name), f"{where}.{name}", allow_zero=True)
+                check_positive(getattr(stage, name), f"{where}.{name}", allow_zero=True)
 
 
 def check_path(spec: str, name: str) -> None:

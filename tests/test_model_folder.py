@@ -117,5 +117,5 @@ def test_a_bad_preprocessing_file_names_file_and_field(tmp_path):
     data["imagesize"] = data.pop("image_size")
     with open(path, "w") as f:
         json.dump(data, f)
-    with pytest.raises(ValueError, match=r"preprocessing\.json: unknown field imagesize"):
+    with pytest.raises(ValueError, match=r"preprocessing\.json: imagesize: unknown key"):
         mplug_pretrain.create_model_and_transforms(folder)

@@ -11,6 +11,8 @@ import json
 import os
 from dataclasses import asdict, dataclass
 
+from mplug_pretrain.utils.typed_dataclass import read_json_dataclass
+
 GENERATION_FILE = "caption_generation.json"  # written into fine-tuned model folders
 ANSWER_FILE = "answer_generation.json"  # written into every training run's model/ folder (vqa.* settings)
 
@@ -23,10 +25,7 @@ class _SavedBesideWeights:
     def from_model_dir(cls, directory: str):
         """The settings saved beside the weights, else the defaults."""
         path = os.path.join(directory, cls.FILE)
-        if not os.path.isfile(path):
-            return cls()
-        with open(path) as f:
-            return cls(**json.load(f))
+        return read_json_dataclass(cls, path) if os.path.isfile(path) else cls()
 
     def save(self, directory: str) -> None:
         with open(os.path.join(directory, self.FILE), "w") as f:
