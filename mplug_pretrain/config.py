@@ -18,6 +18,7 @@ import yaml
 
 from mplug_pretrain.config_loader import deep_merge, parse_overrides, to_dict
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
 from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.utils.resources import deepspeed_template
 from mplug_pretrain.utils.typed_dataclass import build_dataclass
@@ -107,7 +108,9 @@ class CaptionConfig:
     val_shards: str | None = None  # image layout (json.captions = references): evaluated after each stage
     coco_json: str | None = None  # Karpathy dataset_coco.json: SCST references (train + restval) without a shard scan
     image_root: str | None = None
-    prompt: str = "a picture of"  # through text encoder + fusion with the image; the decoder writes the rest
+    # the decoding settings (prompt, beam search; models/generation_settings.py): the prompt also leads every
+    # training text, max_length also bounds SCST samples; saved as caption_generation.json beside the weights
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
     clean_captions: bool = True  # ExpansionNet v2 cleaning (data/caption_text.py: "Man's" -> "man s") in training text and rewards
     image_size: int | None = None  # fine-tuning resolution (ViT positions resized); default: init_from's
     augment: bool = False  # RandomResizedCrop + RandAugment in image stages (cached stages read eval-transform features)
@@ -115,10 +118,6 @@ class CaptionConfig:
     scst_samples: int = 5  # k sampled captions per image; baseline = mean reward of the other k - 1
     scst_sigma: float = 6.0  # CIDEr-D length penalty (n = 4)
     eos_in_reward: bool = True  # SacreEOS "standard": EOS kept in sampled captions and references
-    beam_size: int = 5
-    max_length: int = 20  # generated tokens incl. [SEP], for beam search and SCST sampling
-    min_length: int = 3  # beam search only
-    length_penalty: float = 1.0
     feature_cache: str | None = None  # folder for cached frozen visual features; default <run dir>/feature_cache
     feature_dtype: Literal["float32", "float16"] = "float32"
     stage_cider: bool = True  # fast held-out CIDEr-D (no Java) after every stage when val_shards is set
@@ -137,11 +136,9 @@ class VQAConfig:
     answer_list: str | None = None  # JSON list or one per line; default: the list the val shards name
     inference: Literal["generate", "rank"] = "generate"
     rank_k: int = 128  # candidates kept by first-token probability before full scoring
-    max_answer_length: int = 10  # answer tokens incl. [SEP]: the generation limit and the training truncation
-    beam_size: int = 5
-    # beam score = log p / length ** length_penalty; 0 keeps the answer's log-probability, the quantity the
-    # loss trains and ranking scores (1.0 averages per token, which favours answers of more word pieces)
-    length_penalty: float = 0.0
+    # beam search of answers (models/generation_settings.py); max_length (incl. [SEP]) also truncates training
+    # answers; saved as answer_generation.json beside the weights of every training run
+    generation: AnswerSettings = field(default_factory=AnswerSettings)
     normalization: Literal["official_2021", "legacy"] = "official_2021"
     image_size: int | None = None  # fine-tuning resolution (ViT positions resized); default: init_from's
     augment: bool = True  # RandomResizedCrop + RandAugment on training images (mPLUG/ALBEF)
@@ -171,14 +168,13 @@ class EvalConfig:
     batch_size: int = 16
     num_workers: int = 2  # reader processes (shards) and frame-decoding threads
     max_text_len: int = 35
-    prompt: str = "a video of"  # captioning prompt through text encoder + fusion
     caption_metrics: Literal["coco", "cider"] = "coco"  # coco: BLEU, METEOR, ROUGE-L, CIDEr (+SPICE); cider: CIDEr only
     qa_inference: Literal["rank", "generate"] = "rank"
     answer_list: str | None = None  # JSON list, {answer: label} or one per line; default: the evaluated answers
     rank_k: int = 128  # answers kept by first-token probability before full scoring
-    beam_size: int = 5
-    max_length: int = 20
-    min_length: int = 1
+    # video captioning (prompt, beam search) and video QA with qa_inference: generate (beam search)
+    generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(prompt="a video of",
+                                                                                       min_length=1))
     output: str | None = None  # metrics JSON path; default <run dir>/metrics_<task>.json
 
 
@@ -268,15 +264,13 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
     if not 0.0 <= cfg.caption.label_smoothing < 1.0:
         raise ConfigError(f"caption.label_smoothing: expected in [0, 1), got {cfg.caption.label_smoothing}")
     check_positive(cfg.caption.scst_samples, "caption.scst_samples")
-    check_positive(cfg.caption.beam_size, "caption.beam_size")
     e = cfg.eval
-    for name in ("num_frames", "k_test", "batch_size", "max_text_len", "rank_k", "beam_size", "max_length"):
+    for name in ("num_frames", "k_test", "batch_size", "max_text_len", "rank_k"):
         check_positive(getattr(e, name), f"eval.{name}")
+    e.generation.validate("eval.generation")
     check_positive(e.num_workers, "eval.num_workers", allow_zero=True)
     if e.image_size is not None:
         check_positive(e.image_size, "eval.image_size")
-    if not 0 <= e.min_length <= e.max_length:
-        raise ConfigError(f"eval.min_length: expected in [0, eval.max_length={e.max_length}], got {e.min_length}")
     try:
         formatted = e.video_name_format.format("x")
     except (IndexError, KeyError, ValueError):
@@ -290,14 +284,10 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
             if getattr(e, name) is not None:
                 check_path(getattr(e, name), f"eval.{name}")
     check_positive(cfg.vqa.rank_k, "vqa.rank_k")
-    check_positive(cfg.vqa.beam_size, "vqa.beam_size")
-    check_positive(cfg.vqa.length_penalty, "vqa.length_penalty", allow_zero=True)
+    cfg.vqa.generation.validate("vqa.generation")
     unknown = [name for name in cfg.vqa.freeze if name not in VQA_FREEZABLE]
     if unknown:
         raise ConfigError(f"vqa.freeze: unknown part {unknown[0]!r} (known: {', '.join(VQA_FREEZABLE)})")
-    if cfg.vqa.max_answer_length < 2:
-        raise ConfigError("vqa.max_answer_length: expected >= 2 (one word and [SEP]), "
-                          f"got {cfg.vqa.max_answer_length}")
     if cfg.vqa.image_size is not None:
         check_positive(cfg.vqa.image_size, "vqa.image_size")
     _validate_caption(cfg.caption)
@@ -314,9 +304,7 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
 
 def _validate_caption(c: CaptionConfig) -> None:
     check_positive(c.scst_sigma, "caption.scst_sigma")
-    check_positive(c.max_length, "caption.max_length")
-    if not 0 <= c.min_length <= c.max_length:
-        raise ConfigError(f"caption.min_length: expected in [0, caption.max_length={c.max_length}], got {c.min_length}")
+    c.generation.validate("caption.generation")
     if c.image_size is not None:
         check_positive(c.image_size, "caption.image_size")
     if not c.stages:

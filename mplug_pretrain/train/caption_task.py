@@ -74,8 +74,8 @@ class CaptionStage:
     def __init__(self, cfg: Config, stage: StageConfig, tokenizer, image_size: int,
                  reward: CiderDReward | None, cache_folder: str | None):
         self.cfg, self.stage, self.tokenizer, self.image_size, self.reward = cfg, stage, tokenizer, image_size, reward
-        self.text_fn = CaptionText(cfg.caption.prompt, cfg.caption.clean_captions)
-        self.prompt = prompt_ids(tokenizer, cfg.caption.prompt)
+        self.text_fn = CaptionText(cfg.caption.generation.prompt, cfg.caption.clean_captions)
+        self.prompt = prompt_ids(tokenizer, cfg.caption.generation.prompt)
         self.cache = None
         if cache_folder is not None:
             from mplug_pretrain.data.cached_features import FeatureCache
@@ -108,7 +108,7 @@ class CaptionStage:
         if self.stage.objective == "xe":
             return xe_batch_loss(module, batch, self.stage.freeze_vision, self.prompt.shape[1] - 1, c.label_smoothing)
         return scst_batch_loss(module, batch, self.stage.freeze_vision, self.prompt, self.reward, self.tokenizer,
-                               c.scst_samples, c.max_length)
+                               c.scst_samples, c.generation.max_length)
 
     def task(self) -> TrainTask:
         return TrainTask(name=f"caption_{self.stage.name}", build_model=self.build_model,
@@ -119,13 +119,7 @@ def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> dict[str, float]:
     """Held-out scores of a stage's model on caption.val_shards (every rank takes its share):
     {"cider_d": beam-search CIDEr-D, "sample_cider_d": mean CIDEr-D of caption.scst_samples sampled captions
     per image, the SCST objective on held-out images (train/sampled_cider.py)}."""
-    from mplug_pretrain.eval.caption_task import (
-        GenerationSettings,
-        eval_loader,
-        fast_cider_d,
-        gather_to_all,
-        generate_captions,
-    )
+    from mplug_pretrain.eval.caption_task import eval_loader, fast_cider_d, gather_to_all, generate_captions
     from mplug_pretrain.models.mplug import MPLUG
     from mplug_pretrain.train.sampled_cider import sampled_cider_d
     c = cfg.caption
@@ -133,10 +127,9 @@ def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> dict[str, float]:
     model = MPLUG.from_pretrained(model_dir).float().to(device).eval()
     size = model.config.vision.image_size
     predictions, references = gather_to_all(*generate_captions(model, eval_loader(c.val_shards, size, cfg),
-                                                               tokenizer, GenerationSettings.from_config(cfg),
-                                                               device))
-    sampled = sampled_cider_d(model, eval_loader(c.val_shards, size, cfg), tokenizer, c.prompt, device,
-                              k=c.scst_samples, max_length=c.max_length, seed=cfg.run.seed)
+                                                               tokenizer, c.generation, device))
+    sampled = sampled_cider_d(model, eval_loader(c.val_shards, size, cfg), tokenizer, c.generation.prompt, device,
+                              k=c.scst_samples, max_length=c.generation.max_length, seed=cfg.run.seed)
     return {"cider_d": fast_cider_d(predictions, references), "sample_cider_d": sampled}
 
 
@@ -154,7 +147,6 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     """Run caption.stages in order. -> {"summary": last stage's, "stages": [per stage], "metrics": final
     metrics (also in <run dir>/metrics.json), "model_dir": the final model folder}."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.eval.caption_task import GenerationSettings
     from mplug_pretrain.train.distributed import init_distributed
     c = cfg.caption
     if not c.train_shards:
@@ -189,7 +181,7 @@ def run(cfg: Config, resume: str | None = None) -> dict:
         record = {"stage": stage.name, "objective": stage.objective, "steps": summary["global_step"],
                   "model_dir": model_dir}
         if rank() == 0:
-            GenerationSettings.from_config(cfg).save(model_dir)
+            c.generation.save(model_dir)
         if c.val_shards and c.stage_cider:
             record.update(_stage_cider(cfg, model_dir, tokenizer))
             if rank() == 0:

@@ -123,7 +123,7 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     tokenizer = load_tokenizer(cfg.data.tokenizer)
 
     def losses(engine, batch: dict, state: TrainerState) -> dict:
-        return {"loss": vqa_answer_loss(engine.module, batch, tokenizer, cfg.vqa.max_answer_length)}
+        return {"loss": vqa_answer_loss(engine.module, batch, tokenizer, cfg.vqa.generation.max_length)}
 
     task = TrainTask(name="vqa", build_model=build_model, make_loader=make_loader_builder(tokenizer), losses=losses)
     result = run_training(cfg, task, resume=resume)

@@ -131,7 +131,12 @@ def build_dataclass(cls: type, values: Any, prefix: str = "", base: Any = None) 
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ConfigError(f"{_join(prefix, unknown[0])}: unknown key; expected one of {', '.join(sorted(fields))}")
+        # a key one level too high (caption.beam_size for caption.generation.beam_size) is pointed to its place
+        nested = [f"{_join(prefix, name)}.{unknown[0]}" for name in sorted(fields)
+                  if dataclasses.is_dataclass(hints[name])
+                  and unknown[0] in {f.name for f in dataclasses.fields(hints[name])}]
+        hint = f"; did you mean {' or '.join(nested)}?" if nested else ""
+        raise ConfigError(f"{_join(prefix, unknown[0])}: unknown key{hint} (expected one of {', '.join(sorted(fields))})")
     checked = {}
     for name, value in values.items():
         field = _join(prefix, name)

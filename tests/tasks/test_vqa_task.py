@@ -17,6 +17,7 @@ from mplug_pretrain.data.write_easy_vqa import write_easy_vqa_shards
 from mplug_pretrain.demo.vqa_stage import majority_baseline, read_vqa_answers
 from mplug_pretrain.eval.vqa_accuracy import vqa_accuracy
 from mplug_pretrain.eval.vqa_task import AnswerPredictor, answer_questions
+from mplug_pretrain.models.generation_settings import AnswerSettings
 from mplug_pretrain.models.presets import build_model
 from mplug_pretrain.train.vqa_task import answer_pairs, freeze_pretraining_heads, weighted_answer_loss
 from tests.helpers import REPO_ROOT, read_log, run_mplug
@@ -147,10 +148,10 @@ def test_generation_and_ranking_agree_on_a_trained_toy(trained_toy, shards):
     loader = build_vqa_loader(shards["val"], batch_size=48, image_size=64, max_text_len=20, tokenizer=tokenizer,
                               train=False)
     device = torch.device("cpu")
-    generated = answer_questions(AnswerPredictor(model, tokenizer, "generate", MAX_ANSWER_LENGTH, 3, 128), loader,
-                                 device)
-    ranked = answer_questions(AnswerPredictor(model, tokenizer, "rank", MAX_ANSWER_LENGTH, 3, 128,
-                                              loader.answer_list), loader, device)
+    settings = AnswerSettings(beam_size=3, max_length=MAX_ANSWER_LENGTH)
+    generated = answer_questions(AnswerPredictor(model, tokenizer, "generate", settings, 128), loader, device)
+    ranked = answer_questions(AnswerPredictor(model, tokenizer, "rank", settings, 128, loader.answer_list), loader,
+                              device)
     assert [r["question_id"] for r in generated] == [r["question_id"] for r in ranked]
     assert len({r["answer"] for r in ranked}) >= 3, "the toy should answer question types differently"
     agreement = sum(g["answer"] == r["answer"] for g, r in zip(generated, ranked)) / len(ranked)
