@@ -72,10 +72,11 @@ def fast_cider_d(predictions: dict[int, str], references: dict[int, list[str]]) 
 
 
 def eval_loader(shards: str, image_size: int, cfg: Config):
+    from mplug_pretrain.data.loader_spec import LoaderSpec
     from mplug_pretrain.data.pipeline import build_caption_eval_loader
-    return build_caption_eval_loader(shards, batch_size=cfg.eval.batch_size, image_size=image_size,
-                                     num_workers=cfg.eval.num_workers, rank=process_group.rank(),
-                                     world_size=process_group.world_size())
+    spec = LoaderSpec.evaluation(shards, cfg.eval.batch_size, cfg.eval.num_workers, rank=process_group.rank(),
+                                 world_size=process_group.world_size())
+    return build_caption_eval_loader(spec, image_size=image_size)
 
 
 def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: str, checkpoint: str = "",

@@ -99,15 +99,16 @@ def _autocast(cfg: Config, device: torch.device):
 def evaluate_model(model: nn.Module, cfg: Config, tokenizer, metrics_path: str,
                    checkpoint: str | None = None) -> dict:
     """Answer vqa.val_shards with ``model``, write the metrics JSON and the submission; -> metrics."""
+    from mplug_pretrain.data.loader_spec import LoaderSpec
     from mplug_pretrain.data.pipeline import build_vqa_loader
     v = cfg.vqa
     if not v.val_shards:
         raise ConfigError("vqa.val_shards: the questions to answer are required by `mplug eval vqa`")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device).eval()
-    loader = build_vqa_loader(v.val_shards, batch_size=cfg.eval.batch_size, image_size=model.config.vision.image_size,
-                              max_text_len=cfg.data.max_text_len, tokenizer=tokenizer,
-                              num_workers=cfg.data.num_workers, train=False, rank=0, world_size=1)
+    spec = LoaderSpec.evaluation(v.val_shards, cfg.eval.batch_size, cfg.data.num_workers, rank=0, world_size=1)
+    loader = build_vqa_loader(spec, tokenizer, image_size=model.config.vision.image_size,
+                              max_text_len=cfg.data.max_text_len, augment=False)
     predictor = AnswerPredictor(model, tokenizer, v.inference, v.generation, v.rank_k,
                                 resolve_answer_list(cfg, loader))
     start = time.time()

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from mplug_pretrain.config import Config, StageConfig
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.train.caption_data import CaptionImageFormat, CaptionText, load_references, prompt_ids
 from mplug_pretrain.train.caption_losses import scst_batch_loss, xe_batch_loss
@@ -50,7 +51,9 @@ def stage_config(cfg: Config, index: int, stage: StageConfig, init_from: str) ->
         o, max_steps=stage.steps, lr_rest=lr_rest, lr_vision=lr_vision, min_lr=min_lr,
         warmup_steps=stage.warmup_steps if stage.warmup_steps is not None else o.warmup_steps,
         grad_accum_steps=stage.grad_accum_steps or o.grad_accum_steps)
-    data = dataclasses.replace(d, train_shards=cfg.caption.train_shards, batch_size=stage.batch_size or d.batch_size)
+    # the stage reads caption.train_shards (data.train_weights weigh pretraining sources: none here)
+    data = dataclasses.replace(d, train_shards=cfg.caption.train_shards, train_weights=None,
+                               batch_size=stage.batch_size or d.batch_size)
     run = dataclasses.replace(cfg.run, output_dir=cfg.run_dir, name=f"{index + 1}_{stage.name}",
                               seed=cfg.run.seed + index)
     return dataclasses.replace(cfg, optim=optim, data=data, run=run, init_from=init_from)
@@ -87,20 +90,16 @@ class CaptionStage:
             model.image_encoder.vit.requires_grad_(False)
         return model
 
-    def make_loader(self, cfg: Config, rank: int, world_size: int, epoch: int, start_batch: int):
+    def make_loader(self, cfg: Config, spec: LoaderSpec):
+        """``spec`` reads caption.train_shards (``stage_config`` made them the stage's data.train_shards)."""
         from mplug_pretrain.data.pipeline import build_loader
         from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
-        d = cfg.data
-        args = {"batch_size": d.batch_size, "num_workers": d.num_workers, "mode": d.mode, "seed": cfg.run.seed,
-                "epoch": epoch, "start_batch": start_batch, "shuffle": True, "rank": rank, "world_size": world_size,
-                "samples_per_epoch": d.samples_per_epoch, "shuffle_buffer": d.shuffle_buffer}
         if self.cache is not None:
             from mplug_pretrain.data.cached_features import build_cached_loader
-            return build_cached_loader(cfg.caption.train_shards, self.cache, self.tokenizer, self.text_fn,
-                                       max_text_len=d.max_text_len, **args)
+            return build_cached_loader(spec, self.cache, self.tokenizer, self.text_fn, cfg.data.max_text_len)
         transform = (build_train_transform if cfg.caption.augment else build_eval_transform)(self.image_size)
-        fmt = CaptionImageFormat(transform, self.tokenizer, d.max_text_len, self.image_size, self.text_fn)
-        return build_loader(cfg.caption.train_shards, fmt, **args)
+        fmt = CaptionImageFormat(transform, self.tokenizer, cfg.data.max_text_len, self.image_size, self.text_fn)
+        return build_loader(spec, fmt)
 
     def losses(self, engine, batch: dict, state: TrainerState) -> dict:
         c = self.cfg.caption

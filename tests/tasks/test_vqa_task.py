@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim before timm / open_clip)
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.pipeline import build_vqa_loader
 from mplug_pretrain.data.shard_writer import shard_pattern
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
@@ -116,8 +117,8 @@ def trained_toy(shards):
     torch.manual_seed(0)
     tokenizer = load_tokenizer()
     model = freeze_pretraining_heads(build_model("tiny", heads={"use_momentum": False}))
-    loader = build_vqa_loader(shards["train"], batch_size=16, image_size=64, max_text_len=20, tokenizer=tokenizer,
-                              train=False)
+    loader = build_vqa_loader(LoaderSpec.evaluation(shards["train"], 16), tokenizer, image_size=64, max_text_len=20,
+                              augment=False)
     model.eval()
     cache = []
     with torch.no_grad():
@@ -145,8 +146,8 @@ def trained_toy(shards):
 def test_generation_and_ranking_agree_on_a_trained_toy(trained_toy, shards):
     model, tokenizer, last_loss = trained_toy
     assert last_loss < 2.0
-    loader = build_vqa_loader(shards["val"], batch_size=48, image_size=64, max_text_len=20, tokenizer=tokenizer,
-                              train=False)
+    loader = build_vqa_loader(LoaderSpec.evaluation(shards["val"], 48), tokenizer, image_size=64, max_text_len=20,
+                              augment=False)
     device = torch.device("cpu")
     settings = AnswerSettings(beam_size=3, max_length=MAX_ANSWER_LENGTH)
     generated = answer_questions(AnswerPredictor(model, tokenizer, "generate", settings, 128), loader, device)
