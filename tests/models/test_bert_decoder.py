@@ -7,7 +7,7 @@ from transformers import BertConfig, BertLMHeadModel
 
 from mplug_pretrain.models.bert_decoder import BertDecoder
 from mplug_pretrain.models.model_config import DecoderConfig
-from mplug_pretrain.models.weights.bert import rename_embedding_key, rename_layer_key, rename_lm_head_key
+from mplug_pretrain.models.weights.bert import rename_bert_key, rename_lm_head_key
 
 V, W = 120, 32
 
@@ -35,13 +35,10 @@ def test_matches_transformers_bert_lm_head_model():
     ours = make_decoder()
     state = {}
     for key, value in hf.state_dict().items():
-        if key.startswith("bert.embeddings.") and rename_embedding_key(key[len("bert.embeddings."):]):
-            state["embeddings." + rename_embedding_key(key[len("bert.embeddings."):])] = value
-        elif key.startswith("bert.encoder.layer."):
-            _, _, _, index, rest = key.split(".", 4)
-            state[f"layers.{index}.{rename_layer_key(rest)}"] = value
-        elif key.startswith("cls.predictions.") and rename_lm_head_key(key[len("cls.predictions."):]):
-            state["head." + rename_lm_head_key(key[len("cls.predictions."):])] = value
+        if key.startswith("bert.") and rename_bert_key(key.removeprefix("bert.")):
+            state[rename_bert_key(key.removeprefix("bert."))] = value
+        elif key.startswith("cls.predictions.") and rename_lm_head_key(key.removeprefix("cls.predictions.")):
+            state["head." + rename_lm_head_key(key.removeprefix("cls.predictions."))] = value
     ours.load_state_dict(state, strict=True)
     memory, memory_mask, ids = memory_inputs()
     mask = torch.ones_like(ids)
