@@ -105,12 +105,8 @@ def causal_key_mask(key_valid: Tensor, t_new: int) -> Tensor:
 
 
 class ACFDecoder(nn.Module):
-    """Decoder head with causal adaptive-clustering self-attention (decoder_api contract).
-
-    forward(input_ids [B, T_new], attention_mask [B, T_past + T_new], memory [B, M, width],
-            memory_mask [B, M], past=None, use_cache=False) -> DecoderOutput(logits [B, T_new, V], past)
-    reorder_cache(past, index [B']) -> past
-    """
+    """Decoder head with causal adaptive-clustering self-attention; ``forward`` and ``reorder_cache`` as
+    ``decoder_api`` states them (the cache: ``ACFDecoderCache``)."""
 
     def __init__(self, cfg: DecoderConfig, vocab_size: int, width: int):
         super().__init__()

@@ -172,12 +172,8 @@ class ExpansionDecoderCache(NamedTuple):
 
 
 class ExpansionDecoder(nn.Module):
-    """ExpansionNet v2 decoder head implementing the decoder_api contract.
-
-    forward(input_ids [B, T_new], attention_mask [B, T_past + T_new], memory [B, M, width],
-            memory_mask [B, M], past=None, use_cache=False) -> DecoderOutput(logits [B, T_new, V], past)
-    reorder_cache(past, index [B']) -> past
-    """
+    """ExpansionNet v2 decoder head; ``forward`` and ``reorder_cache`` as ``decoder_api`` states them (the
+    cache: ``ExpansionDecoderCache``)."""
 
     def __init__(self, cfg: DecoderConfig, vocab_size: int, width: int):
         super().__init__()
