@@ -91,7 +91,6 @@ class CaptionStage:
         return model
 
     def make_loader(self, cfg: Config, spec: LoaderSpec):
-        """``spec`` reads caption.train_shards (``stage_config`` made them the stage's data.train_shards)."""
         from mplug_pretrain.data.pipeline import build_loader
         from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
         if self.cache is not None:

@@ -69,8 +69,9 @@ class TrainTask:
 
     build_model(cfg) -> nn.Module (with param_groups / set_grad_checkpointing / save_pretrained)
     make_loader(cfg, spec) -> iterable of batch dicts (deterministic for a given epoch); ``spec``
-        (``training_loader_spec``): data.train_shards read by data.* from this rank's position (its
-        ``start_batch`` skips the batches already consumed). A task reading other shards replaces ``urls``.
+        (``training_loader_spec``): data.train_shards read as data.* says from this rank's position (its
+        ``start_batch`` skips the batches already consumed); fine-tuning tasks make their own shards the
+        run config's data.train_shards.
     losses(module, batch, state) -> {"loss": scalar to optimise, "loss_*": scalars to log}
     flops_per_sample(cfg, batch) -> model FLOPs (forward + backward) of one sample of this batch, for MFU
         (None: the task has no FLOP count and MFU is not logged)

@@ -108,8 +108,6 @@ def make_loader_builder(tokenizer):
         from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
         size = training_image_size(cfg)
         transform = build_train_transform(size) if cfg.vqa.augment else build_eval_transform(size)
-        # vqa.train_shards instead of data.train_shards, whose source weights do not apply
-        spec = dataclasses.replace(spec, urls=cfg.vqa.train_shards, weights=None)
         return build_loader(spec, VQAFormat(transform, tokenizer, cfg.data.max_text_len, size))
     return make_loader
 
@@ -121,6 +119,9 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     if not cfg.vqa.train_shards:
         raise ConfigError("vqa.train_shards: required by `mplug finetune vqa` (VQA shards with answers)")
     tokenizer = load_tokenizer(cfg.data.tokenizer)
+    # the loop reads data.train_shards: here the VQA shards (data.train_weights weigh pretraining sources)
+    data = dataclasses.replace(cfg.data, train_shards=cfg.vqa.train_shards, train_weights=None)
+    cfg = dataclasses.replace(cfg, data=data)
 
     def losses(engine, batch: dict, state: TrainerState) -> dict:
         return {"loss": vqa_answer_loss(engine.module, batch, tokenizer, cfg.vqa.generation.max_length)}
