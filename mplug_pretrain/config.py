@@ -16,11 +16,14 @@ from typing import Literal
 
 import yaml
 
-from mplug_pretrain.config_loader import build_dataclass, deep_merge, parse_overrides, to_dict
+from mplug_pretrain.config_loader import deep_merge, parse_overrides, to_dict
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
 from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.utils.atomic_files import atomic_write
 from mplug_pretrain.utils.resources import deepspeed_template
+from mplug_pretrain.utils.typed_dataclass import build_dataclass
+from mplug_pretrain.utils.value_checks import check_positive
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -106,7 +109,9 @@ class CaptionConfig:
     val_shards: str | None = None  # image layout (json.captions = references): evaluated after each stage
     coco_json: str | None = None  # Karpathy dataset_coco.json: SCST references (train + restval) without a shard scan
     image_root: str | None = None
-    prompt: str = "a picture of"  # through text encoder + fusion with the image; the decoder writes the rest
+    # the decoding settings (prompt, beam search; models/generation_settings.py): the prompt also leads every
+    # training text, max_length also bounds SCST samples; saved as caption_generation.json beside the weights
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
     clean_captions: bool = True  # ExpansionNet v2 cleaning (data/caption_text.py: "Man's" -> "man s") in training text and rewards
     image_size: int | None = None  # fine-tuning resolution (ViT positions resized); default: init_from's
     augment: bool = False  # RandomResizedCrop + RandAugment in image stages (cached stages read eval-transform features)
@@ -114,10 +119,6 @@ class CaptionConfig:
     scst_samples: int = 5  # k sampled captions per image; baseline = mean reward of the other k - 1
     scst_sigma: float = 6.0  # CIDEr-D length penalty (n = 4)
     eos_in_reward: bool = True  # SacreEOS "standard": EOS kept in sampled captions and references
-    beam_size: int = 5
-    max_length: int = 20  # generated tokens incl. [SEP], for beam search and SCST sampling
-    min_length: int = 3  # beam search only
-    length_penalty: float = 1.0
     feature_cache: str | None = None  # folder for cached frozen visual features; default <run dir>/feature_cache
     feature_dtype: Literal["float32", "float16"] = "float32"
     stage_cider: bool = True  # fast held-out CIDEr-D (no Java) after every stage when val_shards is set
@@ -136,11 +137,9 @@ class VQAConfig:
     answer_list: str | None = None  # JSON list or one per line; default: the list the val shards name
     inference: Literal["generate", "rank"] = "generate"
     rank_k: int = 128  # candidates kept by first-token probability before full scoring
-    max_answer_length: int = 10  # answer tokens incl. [SEP]: the generation limit and the training truncation
-    beam_size: int = 5
-    # beam score = log p / length ** length_penalty; 0 keeps the answer's log-probability, the quantity the
-    # loss trains and ranking scores (1.0 averages per token, which favours answers of more word pieces)
-    length_penalty: float = 0.0
+    # beam search of answers (models/generation_settings.py); max_length (incl. [SEP]) also truncates training
+    # answers; saved as answer_generation.json beside the weights of every training run
+    generation: AnswerSettings = field(default_factory=AnswerSettings)
     normalization: Literal["official_2021", "legacy"] = "official_2021"
     image_size: int | None = None  # fine-tuning resolution (ViT positions resized); default: init_from's
     augment: bool = True  # RandomResizedCrop + RandAugment on training images (mPLUG/ALBEF)
@@ -170,14 +169,13 @@ class EvalConfig:
     batch_size: int = 16
     num_workers: int = 2  # reader processes (shards) and frame-decoding threads
     max_text_len: int = 35
-    prompt: str = "a video of"  # captioning prompt through text encoder + fusion
     caption_metrics: Literal["coco", "cider"] = "coco"  # coco: BLEU, METEOR, ROUGE-L, CIDEr (+SPICE); cider: CIDEr only
     qa_inference: Literal["rank", "generate"] = "rank"
     answer_list: str | None = None  # JSON list, {answer: label} or one per line; default: the evaluated answers
     rank_k: int = 128  # answers kept by first-token probability before full scoring
-    beam_size: int = 5
-    max_length: int = 20
-    min_length: int = 1
+    # video captioning (prompt, beam search) and video QA with qa_inference: generate (beam search)
+    generation: GenerationSettings = field(default_factory=lambda: GenerationSettings(prompt="a video of",
+                                                                                       min_length=1))
     output: str | None = None  # metrics JSON path; default <run dir>/metrics_<task>.json
 
 
@@ -232,55 +230,48 @@ def config_from_dict(raw: dict, check_paths: bool = True) -> Config:
     return cfg
 
 
-def _positive(value, name: str, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name}: expected {'>= 0' if allow_zero else '> 0'}, got {value}")
-
-
 def validate(cfg: Config, check_paths: bool = True) -> None:
     cfg.model.validate("model")
     d, o, dist, r = cfg.data, cfg.optim, cfg.distributed, cfg.run
-    _positive(d.batch_size, "data.batch_size")
-    _positive(d.num_workers, "data.num_workers", allow_zero=True)
-    _positive(d.max_text_len, "data.max_text_len")
+    check_positive(d.batch_size, "data.batch_size")
+    check_positive(d.num_workers, "data.num_workers", allow_zero=True)
+    check_positive(d.max_text_len, "data.max_text_len")
     if d.train_weights is not None and d.train_shards and len(d.train_weights) != len(d.train_shards.split("::")):
         raise ConfigError(f"data.train_weights: {len(d.train_weights)} weights for "
                           f"{len(d.train_shards.split('::'))} sources in data.train_shards")
     for name in ("lr_vision", "lr_rest", "min_lr", "eps"):
-        _positive(getattr(o, name), f"optim.{name}", allow_zero=name == "min_lr")
-    _positive(o.weight_decay, "optim.weight_decay", allow_zero=True)
-    _positive(o.warmup_steps, "optim.warmup_steps", allow_zero=True)
-    _positive(o.max_steps, "optim.max_steps")
-    _positive(o.grad_accum_steps, "optim.grad_accum_steps")
-    _positive(o.grad_clip, "optim.grad_clip", allow_zero=True)
+        check_positive(getattr(o, name), f"optim.{name}", allow_zero=name == "min_lr")
+    check_positive(o.weight_decay, "optim.weight_decay", allow_zero=True)
+    check_positive(o.warmup_steps, "optim.warmup_steps", allow_zero=True)
+    check_positive(o.max_steps, "optim.max_steps")
+    check_positive(o.grad_accum_steps, "optim.grad_accum_steps")
+    check_positive(o.grad_clip, "optim.grad_clip", allow_zero=True)
     if o.min_lr > min(o.lr_vision, o.lr_rest):
         raise ConfigError(f"optim.min_lr: {o.min_lr} is above a peak learning rate")
     if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
         raise ConfigError(f"optim.betas: expected two values in [0, 1), got {list(o.betas)}")
     if dist.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"distributed.zero_stage: expected one of 0, 1, 2, 3, got {dist.zero_stage}")
-    _positive(dist.timeout_minutes, "distributed.timeout_minutes")
+    check_positive(dist.timeout_minutes, "distributed.timeout_minutes")
     if dist.offload_optimizer and dist.zero_stage == 0:
         raise ConfigError("distributed.offload_optimizer: needs zero_stage >= 1")
-    _positive(r.log_every, "run.log_every")
-    _positive(r.checkpoint_every_steps, "run.checkpoint_every_steps")
-    _positive(r.checkpoint_every_minutes, "run.checkpoint_every_minutes")
-    _positive(r.keep_last, "run.keep_last")
-    _positive(r.max_nonfinite_in_row, "run.max_nonfinite_in_row")
+    check_positive(r.log_every, "run.log_every")
+    check_positive(r.checkpoint_every_steps, "run.checkpoint_every_steps")
+    check_positive(r.checkpoint_every_minutes, "run.checkpoint_every_minutes")
+    check_positive(r.keep_last, "run.keep_last")
+    check_positive(r.max_nonfinite_in_row, "run.max_nonfinite_in_row")
     if not r.name or "/" in r.name or r.name.startswith("."):
         raise ConfigError(f"run.name: expected a plain folder name, got {r.name!r}")
     if not 0.0 <= cfg.caption.label_smoothing < 1.0:
         raise ConfigError(f"caption.label_smoothing: expected in [0, 1), got {cfg.caption.label_smoothing}")
-    _positive(cfg.caption.scst_samples, "caption.scst_samples")
-    _positive(cfg.caption.beam_size, "caption.beam_size")
+    check_positive(cfg.caption.scst_samples, "caption.scst_samples")
     e = cfg.eval
-    for name in ("num_frames", "k_test", "batch_size", "max_text_len", "rank_k", "beam_size", "max_length"):
-        _positive(getattr(e, name), f"eval.{name}")
-    _positive(e.num_workers, "eval.num_workers", allow_zero=True)
+    for name in ("num_frames", "k_test", "batch_size", "max_text_len", "rank_k"):
+        check_positive(getattr(e, name), f"eval.{name}")
+    e.generation.validate("eval.generation")
+    check_positive(e.num_workers, "eval.num_workers", allow_zero=True)
     if e.image_size is not None:
-        _positive(e.image_size, "eval.image_size")
-    if not 0 <= e.min_length <= e.max_length:
-        raise ConfigError(f"eval.min_length: expected in [0, eval.max_length={e.max_length}], got {e.min_length}")
+        check_positive(e.image_size, "eval.image_size")
     try:
         formatted = e.video_name_format.format("x")
     except (IndexError, KeyError, ValueError):
@@ -293,17 +284,13 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
         for name in ("shards", "annotations", "image_root", "video_root", "video_mapping", "answer_list"):
             if getattr(e, name) is not None:
                 check_path(getattr(e, name), f"eval.{name}")
-    _positive(cfg.vqa.rank_k, "vqa.rank_k")
-    _positive(cfg.vqa.beam_size, "vqa.beam_size")
-    _positive(cfg.vqa.length_penalty, "vqa.length_penalty", allow_zero=True)
+    check_positive(cfg.vqa.rank_k, "vqa.rank_k")
+    cfg.vqa.generation.validate("vqa.generation")
     unknown = [name for name in cfg.vqa.freeze if name not in VQA_FREEZABLE]
     if unknown:
         raise ConfigError(f"vqa.freeze: unknown part {unknown[0]!r} (known: {', '.join(VQA_FREEZABLE)})")
-    if cfg.vqa.max_answer_length < 2:
-        raise ConfigError("vqa.max_answer_length: expected >= 2 (one word and [SEP]), "
-                          f"got {cfg.vqa.max_answer_length}")
     if cfg.vqa.image_size is not None:
-        _positive(cfg.vqa.image_size, "vqa.image_size")
+        check_positive(cfg.vqa.image_size, "vqa.image_size")
     _validate_caption(cfg.caption)
     if check_paths:
         for name, value in (("data.train_shards", d.train_shards), ("data.val_shards", d.val_shards),
@@ -317,12 +304,10 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
 
 
 def _validate_caption(c: CaptionConfig) -> None:
-    _positive(c.scst_sigma, "caption.scst_sigma")
-    _positive(c.max_length, "caption.max_length")
-    if not 0 <= c.min_length <= c.max_length:
-        raise ConfigError(f"caption.min_length: expected in [0, caption.max_length={c.max_length}], got {c.min_length}")
+    check_positive(c.scst_sigma, "caption.scst_sigma")
+    c.generation.validate("caption.generation")
     if c.image_size is not None:
-        _positive(c.image_size, "caption.image_size")
+        check_positive(c.image_size, "caption.image_size")
     if not c.stages:
         raise ConfigError("caption.stages: expected at least one stage")
     names = [stage.name for stage in c.stages]
@@ -330,7 +315,7 @@ def _validate_caption(c: CaptionConfig) -> None:
         where = f"caption.stages[{i}]"
         if not stage.name or "/" in stage.name or stage.name.startswith(".") or names.count(stage.name) > 1:
             raise ConfigError(f"{where}.name: expected a unique plain folder name, got {stage.name!r}")
-        _positive(stage.steps, f"{where}.steps")
+        check_positive(stage.steps, f"{where}.steps")
         if stage.cached_features and not stage.freeze_vision:
             raise ConfigError(f"{where}.cached_features: needs freeze_vision: true "
                               "(cached features come from a frozen encoder)")
@@ -339,10 +324,10 @@ def _validate_caption(c: CaptionConfig) -> None:
                               f"needs >= 2, got {c.scst_samples}")
         for name in ("lr_rest", "lr_vision", "batch_size", "grad_accum_steps"):
             if getattr(stage, name) is not None:
-                _positive(getattr(stage, name), f"{where}.{name}")
+                check_positive(getattr(stage, name), f"{where}.{name}")
         for name in ("min_lr", "warmup_steps"):
             if getattr(stage, name) is not None:
-                _positive(getattr(stage, name), f"{where}.{name}", allow_zero=True)
+                check_positive(getattr(stage, name), f"{where}.{name}", allow_zero=True)
 
 
 def check_path(spec: str, name: str) -> None:

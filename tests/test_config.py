@@ -46,13 +46,28 @@ def test_bad_values_fail_naming_the_field(override, field):
     assert str(err.value).startswith(field)
 
 
+@pytest.mark.parametrize("override, place", [
+    ("caption.beam_size=3", "caption.generation.beam_size"),
+    ("eval.prompt=a clip of", "eval.generation.prompt"),
+    ("vqa.length_penalty=1.0", "vqa.generation.length_penalty"),
+])
+def test_a_key_one_level_too_high_is_pointed_to_its_section(override, place):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override], check_paths=False)
+    key, value = override.split("=")
+    assert str(err.value).startswith(f"{key}: unknown key; did you mean {place}?")
+    cfg = load_config(None, [f"{place}={value}"], check_paths=False)
+    section, _, field = place.split(".")
+    assert str(getattr(getattr(cfg, section).generation, field)) == value
+
+
 def test_missing_config_file_is_named(tmp_path):
     with pytest.raises(ConfigError, match="nope.yaml"):
         load_config(str(tmp_path / "nope.yaml"))
 
 
 def test_resolved_config_round_trips(tmp_path):
-    cfg = load_config(None, ["run.name=rt", "optim.betas=[0.9, 0.98]", "caption.prompt=a photo of"],
+    cfg = load_config(None, ["run.name=rt", "optim.betas=[0.9, 0.98]", "caption.generation.prompt=a photo of"],
                       check_paths=False)
     path = str(tmp_path / "config.yaml")
     save_config(cfg, path)

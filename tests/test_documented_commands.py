@@ -33,7 +33,8 @@ PLACEHOLDER = re.compile(r"<[^>]+>|\b[A-Z][A-Z_]*_DIR\b")
 MODEL_FOLDER = "placeholder_model"
 # appended to the evaluations run for real: small sizes, the documented inputs unchanged
 SMALL_EVAL = ["eval.num_workers=0", "eval.num_frames=2", "eval.batch_size=48", "eval.k_test=3", "eval.rank_k=3",
-              "eval.beam_size=2", "eval.max_length=5", "eval.min_length=1", "eval.caption_metrics=cider"]
+              "eval.generation.beam_size=2", "eval.generation.max_length=5",
+              "eval.generation.min_length=1", "eval.caption_metrics=cider"]
 
 
 def _join_continuations(lines: list[str]) -> list[str]:

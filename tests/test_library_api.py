@@ -16,7 +16,7 @@ import mplug_pretrain
 from mplug_pretrain.data.synthetic_scenes import render_scene, sample_scene
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.models.generation import beam_search
-from mplug_pretrain.models.generation_settings import GenerationSettings
+from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
 from mplug_pretrain.models.mplug import MPLUG
 from mplug_pretrain.models.preprocessing import write_inference_files
 from mplug_pretrain.models.presets import build_model
@@ -138,7 +138,6 @@ def test_caption_uses_the_folders_generation_settings(tmp_path, images):
 
 
 def test_answer_uses_the_folders_answer_settings(tmp_path, images):
-    from mplug_pretrain.models.generation_settings import AnswerSettings
     folder = save_model_folder(str(tmp_path / "vqa_model"), seed=3)
     AnswerSettings(beam_size=2, max_length=3, length_penalty=0.0).save(folder)
     model, *_ = mplug_pretrain.create_model_and_transforms(folder)
@@ -168,8 +167,8 @@ def test_answer_equals_the_vqa_generation_path(loaded, low_level, images):
     questions = ["what color is the circle?", "how many shapes are there?", "is there a square?"]
     pixels = torch.stack([reference_eval_transform(64)(im) for im in images])
     ids, mask = reference_tokens(tokenizer, questions)
-    predictor = AnswerPredictor(reference, tokenizer, "generate", max_answer_length=10, beam_size=5, rank_k=1,
-                                length_penalty=0.0)
+    predictor = AnswerPredictor(reference, tokenizer, "generate", AnswerSettings(beam_size=5, max_length=10,
+                                                                                 length_penalty=0.0), rank_k=1)
     expected = predictor(pixels, ids, mask)
     assert model.answer(images, questions) == expected
     same_question = model.answer(images, questions[0])

@@ -62,12 +62,12 @@ def write_bench(name: str, rows: list[dict], out: str, **extra) -> dict:
 
 def pretrain_batch(preset: str, batch_size: int) -> dict:
     """One pretraining batch from the demo shards at ``preset``'s image size (text padded to 30 tokens)."""
+    from mplug_pretrain.data.loader_spec import LoaderSpec
     from mplug_pretrain.data.pipeline import build_pretrain_loader
     from mplug_pretrain.data.tokenizer import load_tokenizer
     from mplug_pretrain.demo.shards import ensure_demo_shards
     from mplug_pretrain.models.presets import get_preset_config
     image_size = get_preset_config(preset).vision.image_size
-    loader = build_pretrain_loader(ensure_demo_shards()["pretrain_train"], batch_size=batch_size,
-                                   image_size=image_size, max_text_len=30, tokenizer=load_tokenizer(),
-                                   num_workers=0, seed=0, rank=0, world_size=1)
+    spec = LoaderSpec(ensure_demo_shards()["pretrain_train"], batch_size, rank=0, world_size=1)
+    loader = build_pretrain_loader(spec, load_tokenizer(), image_size=image_size, max_text_len=30, augment=True)
     return next(iter(loader))

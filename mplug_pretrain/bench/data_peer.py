@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from mplug_pretrain.bench.common import write_bench
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.pipeline import build_pretrain_loader
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.data.transforms import build_train_transform
@@ -38,8 +39,8 @@ def _samples_per_s(loader: Iterable, timed_batches: int, count: Callable[[object
 
 
 def _ours(shards: str, workers: int, tokenizer):
-    return build_pretrain_loader(shards, batch_size=BATCH_SIZE, image_size=IMAGE_SIZE, max_text_len=MAX_TEXT_LEN,
-                                 tokenizer=tokenizer, num_workers=workers, seed=0, train=True, rank=0, world_size=1)
+    spec = LoaderSpec(shards, BATCH_SIZE, workers, rank=0, world_size=1)
+    return build_pretrain_loader(spec, tokenizer, image_size=IMAGE_SIZE, max_text_len=MAX_TEXT_LEN, augment=True)
 
 
 def _import_get_wds_dataset():

@@ -16,6 +16,7 @@ import argparse
 import time
 
 from mplug_pretrain.bench.common import write_bench
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.pipeline import build_pretrain_loader
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.demo.shards import ensure_demo_shards
@@ -26,8 +27,8 @@ MAX_TEXT_LEN = 30
 
 
 def measure(urls: str, workers: int, timed_batches: int, tokenizer, image_size: int = 64) -> dict:
-    loader = build_pretrain_loader(urls, batch_size=BATCH_SIZE, image_size=image_size, max_text_len=MAX_TEXT_LEN,
-                                   tokenizer=tokenizer, num_workers=workers, mode="exact", seed=0, train=True)
+    loader = build_pretrain_loader(LoaderSpec(urls, BATCH_SIZE, workers), tokenizer, image_size=image_size,
+                                   max_text_len=MAX_TEXT_LEN, augment=True)
     samples, start = 0, None
     for i, batch in enumerate(loader):
         if start is None:

@@ -17,6 +17,7 @@ import torch
 
 from mplug_pretrain.data.formats import image_id_of
 from mplug_pretrain.data.image_decode import SampleError, decode_json, decode_text
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import DataError
 
@@ -107,9 +108,8 @@ class CachedCaptionFormat:
                 "is_pad": torch.tensor(is_pad, dtype=torch.bool)}
 
 
-def build_cached_loader(urls: str, cache: FeatureCache, tokenizer, text_fn: Callable[[str], str], *,
-                        max_text_len: int, batch_size: int, **loader_args):
-    """A ``ShardLoader`` of cached-feature caption batches (``loader_args`` as ``data.pipeline.build_loader``)."""
+def build_cached_loader(spec: LoaderSpec, cache: FeatureCache, tokenizer, text_fn: Callable[[str], str],
+                        max_text_len: int):
+    """A ``ShardLoader`` of cached-feature caption batches over the shards of ``spec``."""
     from mplug_pretrain.data.pipeline import build_loader
-    return build_loader(urls, CachedCaptionFormat(cache, tokenizer, max_text_len, text_fn), batch_size=batch_size,
-                        **loader_args)
+    return build_loader(spec, CachedCaptionFormat(cache, tokenizer, max_text_len, text_fn))

@@ -22,12 +22,10 @@ log = logging.getLogger(__name__)
 
 
 class ShardLoader:
-    def __init__(self, stream, *, num_workers: int, pin_memory: bool = False, answer_list: list[str] | None = None):
-        self.stream = stream
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
+    def __init__(self, stream, answer_list: list[str] | None = None):
+        self.stream = stream  # a ShardStream: its ``spec`` (data/loader_spec.py) says how many workers
         self.answer_list = answer_list
-        self.num_batches = stream.workers * stream.batches_per_slot
+        self.num_batches = stream.spec.workers * stream.batches_per_slot
         self.stats = DecodeStats()
         self.set_epoch(stream.epoch, stream.start_batch)
 
@@ -54,9 +52,10 @@ class ShardLoader:
         # draw happened before step 1 in an uninterrupted run but after the RNG restore in a resumed one,
         # so dropout / MLM masking diverged after resume. Our data is seeded explicitly (epoch_plan), so
         # the base seed gets a private generator and the training RNG stream is never touched.
-        base_seed = torch.Generator().manual_seed(derive_seed(self.stream.seed, self.stream.epoch, "dataloader"))
-        loader = DataLoader(self.stream, batch_size=None, num_workers=self.num_workers,
-                            pin_memory=self.pin_memory, persistent_workers=False, generator=base_seed)
+        base_seed = torch.Generator().manual_seed(derive_seed(self.stream.spec.seed, self.stream.epoch, "dataloader"))
+        spec = self.stream.spec
+        loader = DataLoader(self.stream, batch_size=None, num_workers=spec.num_workers, pin_memory=spec.pin_memory,
+                            persistent_workers=False, generator=base_seed)
         for batch in loader:
             self.stats.merge(batch.pop("__stats__"))
             yield batch

@@ -1,4 +1,6 @@
-"""WebDataset reader pipelines and the loader builders the trainer calls.
+"""WebDataset reader pipelines and the loader builders the trainer calls: ``build_*_loader(spec, ...)`` with
+a ``LoaderSpec`` (data/loader_spec.py: shards, batch size, workers, walk, position) and what the sample
+format needs (image size, text length, tokenizer).
 
 One worker's stream, top to bottom (``ShardStream.__iter__``):
 
@@ -11,9 +13,9 @@ One worker's stream, top to bottom (``ShardStream.__iter__``):
   then:       skip positions before the resume point -> decode + transform (corrupt samples
               counted) -> batch by position, pads flagged is_pad -> collate (tokenize)
 
-Rank and slot come from explicit arguments, else the process group (utils/process_group.py), else
-RANK/WORLD_SIZE (a loader built before the group exists), and the DataLoader worker id (see
-``epoch_plan`` for the split and the resume rule). Every random choice
+Rank and slot come from the spec, else the process group (utils/process_group.py), else RANK/WORLD_SIZE (a
+loader built before the group exists), and the DataLoader worker id (see ``epoch_plan`` for the split and the
+resume rule). Every random choice
 draws from a generator seeded by (seed, epoch, slot), so an epoch's batches are a function of
 (shards, seed, epoch, world_size, num_workers, batch_size).
 """
@@ -37,6 +39,7 @@ from mplug_pretrain.data.epoch_plan import (
 )
 from mplug_pretrain.data.formats import CaptionEvalFormat, ImageTextFormat, VideoFormat, VQAFormat
 from mplug_pretrain.data.loader import ShardLoader
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.manifest import dataset_entry, local_path, shard_sample_counts
 from mplug_pretrain.data.stages import (
     SeededRandomMix,
@@ -54,8 +57,6 @@ from mplug_pretrain.data.urls import ShardSource, all_shards, expand_sources
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.utils import process_group
 
-MODES = ("exact", "resampled")
-
 
 def _rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Explicit values, else the initialized process group's, else RANK/WORLD_SIZE, else (0, 1)."""
@@ -70,39 +71,38 @@ def _rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int,
 
 
 class ShardStream(IterableDataset):
-    """The per-worker stream of ready batches for one rank (see the module docstring)."""
+    """The per-worker stream of ready batches for one rank (see the module docstring). ``epoch`` and
+    ``start_batch`` start at the spec's and move with ``ShardLoader.set_epoch``."""
 
-    def __init__(self, sources: list[ShardSource], fmt, *, batch_size: int, mode: str, seed: int, rank: int,
-                 world_size: int, workers: int, shuffle: bool, shuffle_buffer: int, plan: ExactPlan | None,
-                 batches_per_slot: int, epoch: int = 0, start_batch: int = 0):
+    def __init__(self, spec: LoaderSpec, fmt, sources: list[ShardSource], rank: int, world_size: int,
+                 plan: ExactPlan | None, batches_per_slot: int):
         super().__init__()
-        self.sources, self.fmt, self.batch_size, self.mode = sources, fmt, batch_size, mode
-        self.seed, self.rank, self.world_size, self.workers = seed, rank, world_size, workers
-        self.shuffle, self.shuffle_buffer, self.plan = shuffle, shuffle_buffer, plan
-        self.batches_per_slot, self.epoch, self.start_batch = batches_per_slot, epoch, start_batch
+        self.spec, self.fmt, self.sources, self.rank, self.world_size = spec, fmt, sources, rank, world_size
+        self.plan, self.batches_per_slot = plan, batches_per_slot
+        self.epoch, self.start_batch = spec.epoch, spec.start_batch
 
     def __iter__(self):
         info = get_worker_info()
-        running = info.num_workers if info else 1
-        if running != self.workers:
-            raise RuntimeError(f"ShardStream planned for {self.workers} worker(s) runs in {running}; "
+        running, workers, batch_size = info.num_workers if info else 1, self.spec.workers, self.spec.batch_size
+        if running != workers:
+            raise RuntimeError(f"ShardStream planned for {workers} worker(s) runs in {running}; "
                                "iterate it through its ShardLoader")
-        slot = logical_slot(info.id if info else 0, self.workers, self.start_batch)
-        global_slot = self.rank * self.workers + slot
-        skip = local_skip(self.start_batch, slot, self.workers)
-        slot_seed = derive_seed(self.seed, self.epoch, global_slot)
+        slot = logical_slot(info.id if info else 0, workers, self.start_batch)
+        global_slot = self.rank * workers + slot
+        skip = local_skip(self.start_batch, slot, workers)
+        slot_seed = derive_seed(self.spec.seed, self.epoch, global_slot)
         stats = DecodeStats()
-        raw = (self._exact_stages(global_slot, slot_seed, stats) if self.mode == "exact"
+        raw = (self._exact_stages(global_slot, slot_seed, stats) if self.spec.mode == "exact"
                else self._resampled_stages(slot_seed, stats))
         return iter(wds.DataPipeline(raw + [
-            partial(skip_positions, first=skip * self.batch_size),
+            partial(skip_positions, first=skip * batch_size),
             partial(decode_samples, decode=partial(self.fmt.decode, seed=slot_seed), stats=stats),
-            partial(batch_by_position, batch_size=self.batch_size, first_batch=skip,
+            partial(batch_by_position, batch_size=batch_size, first_batch=skip,
                     num_batches=self.batches_per_slot, collate=self.fmt.collate, blank=self.fmt.blank, stats=stats),
         ]))
 
     def _shuffle_stage(self, seed: int):
-        return wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=random.Random(seed))
+        return wds.shuffle(self.spec.shuffle_buffer, initial=self.spec.shuffle_buffer, rng=random.Random(seed))
 
     def _exact_stages(self, global_slot: int, slot_seed: int, stats: DecodeStats) -> list:
         assignment = self.plan.assignment(self.epoch, global_slot)
@@ -113,19 +113,21 @@ class ShardStream(IterableDataset):
                           count_shard_errors=assignment.stride == 1 or global_slot == 0)]
         if assignment.stride > 1:
             stages.append(partial(take_every, stride=assignment.stride, offset=assignment.offset))
-        if self.shuffle:
+        if self.spec.shuffle:
             stages.append(self._shuffle_stage(derive_seed(slot_seed, "samples")))
         stages.append(partial(number_positions, stats=stats, expected=assignment.expected))
         return stages
 
     def _resampled_stages(self, slot_seed: int, stats: DecodeStats) -> list:
-        per_source = [wds.DataPipeline(partial(resampled_urls, src.shards, random.Random(derive_seed(slot_seed, i))),
-                                       partial(tar_samples, stats=stats),
-                                       self._shuffle_stage(derive_seed(slot_seed, "samples", i)) if self.shuffle else None)
-                      for i, src in enumerate(self.sources)]
+        per_source = []
+        for i, src in enumerate(self.sources):
+            shuffle = self._shuffle_stage(derive_seed(slot_seed, "samples", i)) if self.spec.shuffle else None
+            per_source.append(wds.DataPipeline(
+                partial(resampled_urls, src.shards, random.Random(derive_seed(slot_seed, i))),
+                partial(tar_samples, stats=stats), shuffle))
         mixed = (per_source[0] if len(per_source) == 1 else
                  SeededRandomMix(per_source, [s.weight for s in self.sources], random.Random(derive_seed(slot_seed, "mix"))))
-        return [mixed, partial(number_positions, stats=stats, limit=self.batches_per_slot * self.batch_size)]
+        return [mixed, partial(number_positions, stats=stats, limit=self.batches_per_slot * self.spec.batch_size)]
 
 
 def _check_local_shards(shards: list[str]) -> None:
@@ -134,52 +136,35 @@ def _check_local_shards(shards: list[str]) -> None:
         raise DataError(f"{len(missing)} of {len(shards)} shard file(s) do not exist, e.g. {missing[0]}")
 
 
-def build_loader(urls, fmt, *, batch_size: int, num_workers: int = 0, mode: str = "exact", seed: int = 0,
-                 epoch: int = 0, start_batch: int = 0, shuffle: bool = True, rank: int | None = None,
-                 world_size: int | None = None, samples_per_epoch: int | None = None, weights=None,
-                 shuffle_buffer: int = 1000, pin_memory: bool = False, answer_list: list[str] | None = None) -> ShardLoader:
-    """Any sample format; the public builders below fix the format and transforms."""
-    if mode not in MODES:
-        raise ConfigError(f"data.mode: {mode!r} not in {MODES}")
-    if batch_size < 1 or num_workers < 0 or shuffle_buffer < 1:
-        raise ConfigError(f"data: batch_size {batch_size}, num_workers {num_workers}, shuffle_buffer "
-                          f"{shuffle_buffer}: need >= 1, >= 0, >= 1")
-    if mode == "exact" and weights is not None:
-        raise ConfigError("data.train_weights: source weights need data.mode=resampled (exact mode reads every sample once)")
-    if mode == "exact" and samples_per_epoch is not None:
-        raise ConfigError("data.samples_per_epoch: only used with data.mode=resampled")
-    rank, world_size = _rank_and_world_size(rank, world_size)
-    sources = expand_sources(urls, weights)
+def build_loader(spec: LoaderSpec, fmt, answer_list: list[str] | None = None) -> ShardLoader:
+    """Any sample format; the public builders below make the format from sizes and a tokenizer."""
+    rank, world_size = _rank_and_world_size(spec.rank, spec.world_size)
+    sources = expand_sources(spec.urls, spec.weights)
     shards = all_shards(sources)
     _check_local_shards(shards)
-    workers = max(num_workers, 1)
     plan = None
-    if mode == "exact":
-        plan = ExactPlan(shards, shard_sample_counts(shards), world_size=world_size, workers=workers,
-                         batch_size=batch_size, shuffle=shuffle, seed=seed)
+    if spec.mode == "exact":
+        plan = ExactPlan(shards, shard_sample_counts(shards), world_size=world_size, workers=spec.workers,
+                         batch_size=spec.batch_size, shuffle=spec.shuffle, seed=spec.seed)
         batches_per_slot = plan.batches_per_slot
     else:
-        total = samples_per_epoch if samples_per_epoch is not None else sum(shard_sample_counts(shards))
-        batches_per_slot = resampled_batches_per_slot(total, batch_size=batch_size, world_size=world_size,
-                                                      workers=workers)
-    stream = ShardStream(sources, fmt, batch_size=batch_size, mode=mode, seed=seed, rank=rank,
-                         world_size=world_size, workers=workers, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
-                         plan=plan, batches_per_slot=batches_per_slot, epoch=epoch, start_batch=start_batch)
-    return ShardLoader(stream, num_workers=num_workers, pin_memory=pin_memory, answer_list=answer_list)
+        total = spec.samples_per_epoch if spec.samples_per_epoch is not None else sum(shard_sample_counts(shards))
+        batches_per_slot = resampled_batches_per_slot(total, batch_size=spec.batch_size, world_size=world_size,
+                                                      workers=spec.workers)
+    stream = ShardStream(spec, fmt, sources, rank, world_size, plan, batches_per_slot)
+    return ShardLoader(stream, answer_list=answer_list)
 
 
-def build_pretrain_loader(urls, *, batch_size: int, image_size: int, max_text_len: int, tokenizer,
-                          num_workers: int = 0, mode: str = "exact", seed: int = 0, epoch: int = 0,
-                          start_batch: int = 0, train: bool = True, rank: int | None = None,
-                          world_size: int | None = None, samples_per_epoch: int | None = None, weights=None,
-                          shuffle_buffer: int = 1000, pin_memory: bool = False) -> ShardLoader:
-    """Image-text batches (pretraining, caption fine-tuning). ``train``: augment + shuffle."""
-    transform = build_train_transform(image_size) if train else build_eval_transform(image_size)
-    fmt = ImageTextFormat(transform, tokenizer, max_text_len, image_size)
-    return build_loader(urls, fmt, batch_size=batch_size, num_workers=num_workers, mode=mode, seed=seed,
-                        epoch=epoch, start_batch=start_batch, shuffle=train, rank=rank, world_size=world_size,
-                        samples_per_epoch=samples_per_epoch, weights=weights, shuffle_buffer=shuffle_buffer,
-                        pin_memory=pin_memory)
+def _image_transform(image_size: int, augment: bool):
+    return build_train_transform(image_size) if augment else build_eval_transform(image_size)
+
+
+def build_pretrain_loader(spec: LoaderSpec, tokenizer, *, image_size: int, max_text_len: int,
+                          augment: bool) -> ShardLoader:
+    """Image-text batches (pretraining, caption fine-tuning); ``augment``: the training augmentation, else the
+    eval transform."""
+    return build_loader(spec, ImageTextFormat(_image_transform(image_size, augment), tokenizer, max_text_len,
+                                              image_size))
 
 
 def load_answer_list(urls) -> list[str] | None:
@@ -193,36 +178,24 @@ def load_answer_list(urls) -> list[str] | None:
         return json.load(f)
 
 
-def build_vqa_loader(urls, *, batch_size: int, image_size: int, max_text_len: int, tokenizer,
-                     num_workers: int = 0, mode: str = "exact", seed: int = 0, epoch: int = 0,
-                     start_batch: int = 0, train: bool = True, rank: int | None = None,
-                     world_size: int | None = None, samples_per_epoch: int | None = None, weights=None,
-                     shuffle_buffer: int = 1000, pin_memory: bool = False) -> ShardLoader:
+def build_vqa_loader(spec: LoaderSpec, tokenizer, *, image_size: int, max_text_len: int,
+                     augment: bool) -> ShardLoader:
     """VQA batches; ``loader.answer_list`` is the shards' answer list (None when not written)."""
-    transform = build_train_transform(image_size) if train else build_eval_transform(image_size)
-    fmt = VQAFormat(transform, tokenizer, max_text_len, image_size)
-    return build_loader(urls, fmt, batch_size=batch_size, num_workers=num_workers, mode=mode, seed=seed,
-                        epoch=epoch, start_batch=start_batch, shuffle=train, rank=rank, world_size=world_size,
-                        samples_per_epoch=samples_per_epoch, weights=weights, shuffle_buffer=shuffle_buffer,
-                        pin_memory=pin_memory, answer_list=load_answer_list(urls))
+    fmt = VQAFormat(_image_transform(image_size, augment), tokenizer, max_text_len, image_size)
+    return build_loader(spec, fmt, answer_list=load_answer_list(spec.urls))
 
 
-def build_caption_eval_loader(urls, *, batch_size: int, image_size: int, num_workers: int = 0,
-                              rank: int | None = None, world_size: int | None = None) -> ShardLoader:
-    """Evaluation images with their reference captions; exact epoch, no shuffle, pads flagged."""
-    fmt = CaptionEvalFormat(build_eval_transform(image_size), image_size)
-    return build_loader(urls, fmt, batch_size=batch_size, num_workers=num_workers, mode="exact",
-                        shuffle=False, rank=rank, world_size=world_size)
+def build_caption_eval_loader(spec: LoaderSpec, *, image_size: int) -> ShardLoader:
+    """Evaluation images with their reference captions (``LoaderSpec.evaluation``: exact, no shuffle, pads
+    flagged)."""
+    return build_loader(spec, CaptionEvalFormat(build_eval_transform(image_size), image_size))
 
 
-def build_video_loader(urls, *, batch_size: int, num_workers: int = 0, rank: int | None = None,
-                       world_size: int | None = None, num_frames: int | None = None, image_size: int | None = None,
+def build_video_loader(spec: LoaderSpec, *, num_frames: int | None = None, image_size: int | None = None,
                        frame_mode: str = "uniform", backend: str = "auto") -> ShardLoader:
-    """Raw video bytes + captions/QA (exact, no shuffle). With ``num_frames`` (and ``image_size``)
+    """Raw video bytes + captions/QA (``LoaderSpec.evaluation``). With ``num_frames`` (and ``image_size``)
     also ``video`` float32 [B, N, 3, H, W] decoded by ``data.video_frames.decode_frames``."""
     if num_frames is not None and image_size is None:
         raise ConfigError("eval.num_frames: decoding frames needs image_size too")
     transform = build_eval_transform(image_size) if num_frames is not None else None
-    fmt = VideoFormat(num_frames, frame_mode, transform, image_size, backend)
-    return build_loader(urls, fmt, batch_size=batch_size, num_workers=num_workers, mode="exact",
-                        shuffle=False, rank=rank, world_size=world_size)
+    return build_loader(spec, VideoFormat(num_frames, frame_mode, transform, image_size, backend))

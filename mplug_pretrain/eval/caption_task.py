@@ -1,8 +1,8 @@
 """`mplug eval caption`: caption the images of an evaluation split with a model folder and score them.
 
     image, prompt ("[CLS] a picture of [SEP]") -> MPLUG.memory (text encoder + fusion)
-        -> beam search (caption.beam_size 5, at most caption.max_length 20 tokens incl. [SEP], at least
-           caption.min_length, final ranking by log-prob / length ** caption.length_penalty)
+        -> beam search (caption.generation: beam_size 5, at most max_length 20 tokens incl. [SEP], at least
+           min_length, final ranking by log-prob / length ** length_penalty)
         -> decoded text (the caption after the prompt)
     scores    BLEU-1..4, METEOR, ROUGE-L, CIDEr (pycocoevalcap, raw scale: x100 for the papers' tables),
               SPICE where its Stanford CoreNLP jars are present, else one log line saying it was skipped
@@ -25,7 +25,7 @@ from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.eval.common import beside_metrics, load_eval_model, metrics_path, write_metrics
 from mplug_pretrain.models.generation_settings import GENERATION_FILE, GenerationSettings  # noqa: F401 (re-export)
-from mplug_pretrain.models.inference import caption_images, decode_captions  # noqa: F401 (re-export)
+from mplug_pretrain.models.inference import caption_images
 from mplug_pretrain.utils import process_group
 
 
@@ -70,10 +70,11 @@ def fast_cider_d(predictions: dict[int, str], references: dict[int, list[str]]) 
 
 
 def eval_loader(shards: str, image_size: int, cfg: Config):
+    from mplug_pretrain.data.loader_spec import LoaderSpec
     from mplug_pretrain.data.pipeline import build_caption_eval_loader
-    return build_caption_eval_loader(shards, batch_size=cfg.eval.batch_size, image_size=image_size,
-                                     num_workers=cfg.eval.num_workers, rank=process_group.rank(),
-                                     world_size=process_group.world_size())
+    spec = LoaderSpec.evaluation(shards, cfg.eval.batch_size, cfg.eval.num_workers, rank=process_group.rank(),
+                                 world_size=process_group.world_size())
+    return build_caption_eval_loader(spec, image_size=image_size)
 
 
 def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: str, checkpoint: str = "",
@@ -84,7 +85,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
     device = next(model.parameters()).device
     model.eval()
     loader = eval_loader(shards, model.config.vision.image_size, cfg)
-    settings = GenerationSettings.from_config(cfg)
+    settings = cfg.caption.generation
     predictions, references = gather_to_all(*generate_captions(model, loader, tokenizer, settings, device))
     metrics: dict = {}
     if process_group.rank() == 0:

@@ -89,9 +89,10 @@ def _file_batches(cfg, image_size: int, skipped: SkipReport) -> ImageBatches:
 
 
 def _shard_batches(cfg, image_size: int, skipped: SkipReport) -> ImageBatches:
+    from mplug_pretrain.data.loader_spec import LoaderSpec
     from mplug_pretrain.data.pipeline import build_caption_eval_loader
-    loader = build_caption_eval_loader(cfg.eval.shards, batch_size=cfg.eval.batch_size, image_size=image_size,
-                                       num_workers=cfg.eval.num_workers)
+    loader = build_caption_eval_loader(LoaderSpec.evaluation(cfg.eval.shards, cfg.eval.batch_size, cfg.eval.num_workers),
+                                       image_size=image_size)
     for batch in loader:
         keep = ~batch["is_pad"]
         if bool(keep.any()):

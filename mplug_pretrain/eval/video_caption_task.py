@@ -6,9 +6,9 @@ Input (``cfg.eval``), one of:
     captions], ...}], files named "<videoID>.mp4") or any list read by
     ``video_retrieval_task.read_caption_annotations``.
 Per video: memory = concat(fuse(video states, prompt)) of the N frames' tokens (``video_encoding``) and
-``eval.prompt`` ("[CLS] a video of [SEP]", the paper's; the released config uses "a picture of") through
-the text encoder; beam search (beam_size, min_length..max_length tokens incl. [SEP]); the caption is the
-decoded continuation (as ``mplug eval caption``).
+``eval.generation.prompt`` ("[CLS] a video of [SEP]", the paper's; the released config uses "a picture of")
+through the text encoder; beam search (eval.generation: beam_size, min_length..max_length tokens incl. [SEP],
+length_penalty); the caption is the decoded continuation (as ``mplug eval caption``).
 Scores (``eval.caption_metrics``): "coco" = pycocoevalcap BLEU-1..4, METEOR, ROUGE-L, CIDEr, SPICE where its
 jars are present; "cider" = CIDEr alone (the paper's metric; PTB tokenizer + pycocoevalcap Cider, without the
 slow METEOR run). Raw scale (x100 for Table 10), on the videos that have references (the VATEX public test
@@ -51,18 +51,16 @@ def cider_only(predictions: dict[str, str], references: dict[str, list[str]]) ->
 def caption_videos(model, tokenizer, cfg, encoded) -> tuple[dict[str, str], dict[str, list[str]]]:
     """-> ({video id: generated caption}, {video id: reference captions}) for every encoded video."""
     from mplug_pretrain.data.tokenizer import tokenize
-    from mplug_pretrain.eval.caption_task import decode_captions
-    from mplug_pretrain.models.generation import beam_search
+    from mplug_pretrain.models.inference import decode_generated
     e = cfg.eval
-    prompt_ids, prompt_mask = tokenize(tokenizer, [e.prompt], e.max_text_len)
+    prompt_ids, prompt_mask = tokenize(tokenizer, [e.generation.prompt], e.max_text_len)
     predictions, references = {}, {}
     for records, states, _ in encoded:
         b = states.shape[0]
         ids, mask = prompt_ids.to(states.device).expand(b, -1), prompt_mask.to(states.device).expand(b, -1)
         memory, memory_mask = model.memory_from_states(states, None, ids, mask)
-        out = beam_search(model.decoder, memory, memory_mask, beam_size=e.beam_size, max_length=e.max_length,
-                          min_length=e.min_length)
-        for record, caption in zip(records, decode_captions(tokenizer, out.sequences[:, 0])):
+        out = e.generation.beam_search(model.decoder, memory, memory_mask)
+        for record, caption in zip(records, decode_generated(tokenizer, out.sequences[:, 0])):
             if record.video_id in predictions:
                 raise DataError(f"video id {record.video_id!r} appears twice in the evaluated set")
             predictions[record.video_id] = caption
@@ -96,8 +94,9 @@ def run(cfg, checkpoint: str, out: str | None = None) -> dict:
         scores = evaluate_captions(scored, scored_refs, spice="auto")
     metrics = {"task": "video-caption", "checkpoint": checkpoint, **scores, "num_videos": len(predictions),
                "num_scored": len(scored), "caption_metrics": e.caption_metrics, **skipped.as_dict("videos"),
-               "prompt": e.prompt, "num_frames": e.num_frames, "frame_sampling": e.frame_sampling,
-               "beam_size": e.beam_size, "max_length": e.max_length, "min_length": e.min_length,
+               "prompt": e.generation.prompt, "num_frames": e.num_frames, "frame_sampling": e.frame_sampling,
+               "beam_size": e.generation.beam_size, "max_length": e.generation.max_length,
+               "min_length": e.generation.min_length,
                "predictions": predictions_path}
     write_metrics(path, metrics)
     return metrics

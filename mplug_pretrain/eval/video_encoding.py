@@ -81,8 +81,9 @@ def shard_records(shards: str, batch_size: int, num_workers: int,
                   skipped: SkipReport) -> Iterator[list[VideoRecord]]:
     """Batches of records from video shards (raw bytes; the reader's own skips are added to ``skipped``
     when the shards are exhausted)."""
+    from mplug_pretrain.data.loader_spec import LoaderSpec
     from mplug_pretrain.data.pipeline import build_video_loader
-    loader = build_video_loader(shards, batch_size=batch_size, num_workers=num_workers)
+    loader = build_video_loader(LoaderSpec.evaluation(shards, batch_size, num_workers))
     for batch in loader:
         yield [VideoRecord(str(batch["video_id"][i]), batch["video_bytes"][i], list(batch["captions"][i]),
                            list(batch["qa"][i]))

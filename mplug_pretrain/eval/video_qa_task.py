@@ -12,7 +12,7 @@ the question, then the answer by ``eval.qa_inference``:
               released mPLUG video-QA protocol; list = ``eval.answer_list`` (JSON list, {answer: label} as
               mPLUG's, or one per line), else the distinct answers of the evaluated questions (a closed set
               that contains every right answer: an easier setting than the training answer list)
-    generate  beam search (beam_size, min_length..max_length tokens), the paper's description
+    generate  beam search (eval.generation: beam_size, min_length..max_length tokens), the paper's description
 Accuracy = % of questions whose prediction equals the answer (stripped, lower-cased; mPLUG compares the
 strings exactly), over the answered questions: those of skipped videos are left out (``num_questions``
 counts the answered ones, ``videos_skipped`` the videos).
@@ -127,8 +127,7 @@ class VideoAnswerer:
     def __call__(self, video_states: torch.Tensor, questions: list[str]) -> list[str]:
         from mplug_pretrain.data.tokenizer import tokenize
         from mplug_pretrain.eval.vqa_ranking import rank_answers
-        from mplug_pretrain.eval.vqa_task import decode_answers
-        from mplug_pretrain.models.generation import beam_search
+        from mplug_pretrain.models.inference import decode_generated
         device = video_states.device
         ids, mask = tokenize(self.tokenizer, questions, self.e.max_text_len)
         ids, mask = ids.to(device), mask.to(device)
@@ -137,9 +136,8 @@ class VideoAnswerer:
             best = rank_answers(self.model, memory, memory_mask, self.answer_ids, self.answer_mask,
                                 self.e.rank_k)
             return [self.answer_list[i] for i in best[:, 0].tolist()]
-        out = beam_search(self.model.decoder, memory, memory_mask, beam_size=self.e.beam_size,
-                          max_length=self.e.max_length, min_length=self.e.min_length)
-        return decode_answers(self.tokenizer, out.sequences[:, 0])
+        out = self.e.generation.beam_search(self.model.decoder, memory, memory_mask)
+        return decode_generated(self.tokenizer, out.sequences[:, 0])
 
 
 def answer_videos(answerer: VideoAnswerer, encoded, batch_size: int) -> tuple[list[dict], int]:
@@ -190,6 +188,6 @@ def run(cfg, checkpoint: str, out: str | None = None) -> dict:
         metrics.update(answer_list=list_source, answer_list_size=len(answer_list), rank_k=e.rank_k,
                        answers_outside_list=sum(normalize(p["answer"]) not in in_list for p in predictions))
     else:
-        metrics.update(beam_size=e.beam_size, max_length=e.max_length)
+        metrics.update(beam_size=e.generation.beam_size, max_length=e.generation.max_length)
     write_metrics(path, metrics)
     return metrics

@@ -1,7 +1,7 @@
 """`mplug eval vqa`: answer the questions of ``vqa.val_shards`` with a model folder, score, write files.
 
     image, question -> MPLUG.memory (text encoder + fusion) -> the answer, by ``vqa.inference``:
-        generate  beam search (vqa.beam_size, vqa.length_penalty; at least 1 and at most vqa.max_answer_length
+        generate  beam search (vqa.generation: beam_size, length_penalty; at least 1 and at most max_length
                   tokens, [SEP] included), decoded to free text: mPLUG's open-vocabulary answers
         rank      eval/vqa_ranking.rank_answers over the answer list (vqa.rank_k first-token candidates)
     accuracy  eval/vqa_accuracy.evaluate_vqa with ``vqa.normalization`` over the questions that have human
@@ -31,30 +31,24 @@ from mplug_pretrain.eval.common import (
 )
 from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa, write_vqa_submission
 from mplug_pretrain.eval.vqa_ranking import rank_answers
-from mplug_pretrain.models.generation import beam_search, token_mask
-
-
-def decode_answers(tokenizer, sequences: torch.Tensor) -> list[str]:
-    """Generated token rows [N, L] (first [SEP] included, PAD after) -> answer strings."""
-    kept = (sequences * token_mask(sequences)).tolist()
-    return [text.strip() for text in tokenizer.batch_decode(kept, skip_special_tokens=True)]
+from mplug_pretrain.models.generation_settings import AnswerSettings
+from mplug_pretrain.models.inference import decode_generated
 
 
 class AnswerPredictor:
     """Answers a batch of (image, question) by generation or by ranking a fixed answer list."""
 
-    def __init__(self, model: nn.Module, tokenizer, inference: str, max_answer_length: int, beam_size: int,
-                 rank_k: int, answer_list: list[str] | None = None, length_penalty: float = 0.0):
+    def __init__(self, model: nn.Module, tokenizer, inference: str, settings: AnswerSettings, rank_k: int,
+                 answer_list: list[str] | None = None):
         if inference not in ("generate", "rank"):
             raise ConfigError(f"vqa.inference: expected 'generate' or 'rank', got {inference!r}")
         if inference == "rank" and not answer_list:
             raise ConfigError("vqa.answer_list: `vqa.inference: rank` needs an answer list (set vqa.answer_list "
                               "or write the shards with one)")
         self.model, self.tokenizer, self.inference = model, tokenizer, inference
-        self.max_answer_length, self.beam_size, self.rank_k = max_answer_length, beam_size, rank_k
-        self.answer_list, self.length_penalty = answer_list, length_penalty
+        self.settings, self.rank_k, self.answer_list = settings, rank_k, answer_list
         if inference == "rank":
-            self.answer_ids, self.answer_mask = tokenize(tokenizer, answer_list, max_answer_length + 1)
+            self.answer_ids, self.answer_mask = tokenize(tokenizer, answer_list, settings.max_length + 1)
 
     @torch.no_grad()
     def __call__(self, image: torch.Tensor, question_ids: torch.Tensor, question_mask: torch.Tensor) -> list[str]:
@@ -62,9 +56,8 @@ class AnswerPredictor:
         if self.inference == "rank":
             best = rank_answers(self.model, memory, memory_mask, self.answer_ids, self.answer_mask, self.rank_k)[:, 0]
             return [self.answer_list[i] for i in best.tolist()]
-        out = beam_search(self.model.decoder, memory, memory_mask, beam_size=self.beam_size,
-                          max_length=self.max_answer_length, min_length=1, length_penalty=self.length_penalty)
-        return decode_answers(self.tokenizer, out.sequences[:, 0])
+        out = self.settings.beam_search(self.model.decoder, memory, memory_mask)
+        return decode_generated(self.tokenizer, out.sequences[:, 0])
 
 
 def answer_questions(predictor: AnswerPredictor, loader, device: torch.device, autocast=None) -> list[dict]:
@@ -104,17 +97,18 @@ def resolve_answer_list(cfg: Config, loader) -> list[str] | None:
 
 def evaluate_model(model: nn.Module, cfg: Config, tokenizer, out: str, checkpoint: str | None = None) -> dict:
     """Answer vqa.val_shards with ``model``, write the metrics JSON and the submission; -> metrics."""
+    from mplug_pretrain.data.loader_spec import LoaderSpec
     from mplug_pretrain.data.pipeline import build_vqa_loader
     v = cfg.vqa
     if not v.val_shards:
         raise ConfigError("vqa.val_shards: the questions to answer are required by `mplug eval vqa`")
     device = eval_device()
     model = model.to(device).eval()
-    loader = build_vqa_loader(v.val_shards, batch_size=cfg.eval.batch_size, image_size=model.config.vision.image_size,
-                              max_text_len=cfg.data.max_text_len, tokenizer=tokenizer,
-                              num_workers=cfg.data.num_workers, train=False, rank=0, world_size=1)
-    predictor = AnswerPredictor(model, tokenizer, v.inference, v.max_answer_length, v.beam_size, v.rank_k,
-                                resolve_answer_list(cfg, loader), v.length_penalty)
+    spec = LoaderSpec.evaluation(v.val_shards, cfg.eval.batch_size, cfg.data.num_workers, rank=0, world_size=1)
+    loader = build_vqa_loader(spec, tokenizer, image_size=model.config.vision.image_size,
+                              max_text_len=cfg.data.max_text_len, augment=False)
+    predictor = AnswerPredictor(model, tokenizer, v.inference, v.generation, v.rank_k,
+                                resolve_answer_list(cfg, loader))
     start = time.time()
     records = answer_questions(predictor, loader, device, eval_autocast(cfg, model))
     seconds = time.time() - start
@@ -126,7 +120,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, out: str, checkpoin
     if v.inference == "rank":
         metrics["rank_k"] = v.rank_k
     else:
-        metrics.update(beam_size=v.beam_size, length_penalty=v.length_penalty)
+        metrics.update(beam_size=v.generation.beam_size, length_penalty=v.generation.length_penalty)
     write_metrics(out, metrics)
     return metrics
 

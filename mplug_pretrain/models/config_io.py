@@ -1,37 +1,26 @@
-"""ModelConfig <-> plain dict (the ``config.json`` written by ``MPLUG.save_pretrained``)."""
+"""A model folder's ``config.json``: the ModelConfig written by ``MPLUG.save_pretrained``, read back type-checked."""
 from __future__ import annotations
 
 import dataclasses
-import typing
-from typing import Any
+import json
 
-from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.model_config import ModelConfig
+from mplug_pretrain.utils.typed_dataclass import read_json_dataclass
+
+CONFIG_FILE = "config.json"
 
 
-def model_config_to_dict(config: ModelConfig) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+def write_model_config(config: ModelConfig, path: str) -> None:
+    """The config as JSON, without the checkpoint paths (the weights saved beside it already hold what those
+    files initialised)."""
+    values = dataclasses.asdict(config)
+    values["vision"]["checkpoint_path"] = values["text"]["bert_checkpoint"] = None
+    values["decoder"]["bert_checkpoint"] = None
+    with open(path, "w") as f:
+        json.dump(values, f, indent=2)
 
 
-def model_config_from_dict(data: dict[str, Any], prefix: str = "model") -> ModelConfig:
-    """Nested dict -> ModelConfig; unknown keys raise ConfigError with their dotted name."""
-    return _build(ModelConfig, data, prefix)
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix}: expected a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"{prefix}.{unknown[0]}: unknown field (known: {', '.join(fields)})")
-    kwargs = {}
-    for name, value in data.items():
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            value = _build(hint, value, f"{prefix}.{name}")
-        elif hint is tuple and isinstance(value, list):
-            value = tuple(value)
-        kwargs[name] = value
-    return cls(**kwargs)
+def read_model_config(path: str) -> ModelConfig:
+    """A ``config.json``: a value of the wrong type, an unknown key or a size out of range raises ConfigError
+    naming the file and the dotted field ("<path>: model.vision.image_size: expected int, got str '64'")."""
+    return read_json_dataclass(ModelConfig, path, "model")

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 import torch
 
 from mplug_pretrain.data.tokenizer import tokenize
-from mplug_pretrain.models.generation import beam_search, token_mask
+from mplug_pretrain.models.generation import token_mask
 from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
 
 PROMPT_MAX_TOKENS = 512  # prompts are short; only BERT's position limit bounds them
 
 
-def decode_captions(tokenizer, sequences: torch.Tensor) -> list[str]:
+def decode_generated(tokenizer, sequences: torch.Tensor) -> list[str]:
     """Generated rows [N, L] (first [SEP] included, PAD after) -> strings."""
     kept = (sequences * token_mask(sequences)).tolist()
     return [text.strip() for text in tokenizer.batch_decode(kept, skip_special_tokens=True)]
@@ -36,10 +36,7 @@ def caption_images(model, images: torch.Tensor, tokenizer, settings: GenerationS
     ids, mask = tokenize(tokenizer, [settings.prompt], PROMPT_MAX_TOKENS)
     ids, mask = ids.to(images.device).expand(images.shape[0], -1), mask.to(images.device).expand(images.shape[0], -1)
     memory, memory_mask = model.memory(images, ids, mask)
-    out = beam_search(model.decoder, memory, memory_mask, beam_size=settings.beam_size,
-                      max_length=settings.max_length, min_length=settings.min_length,
-                      length_penalty=settings.length_penalty)
-    return decode_captions(tokenizer, out.sequences[:, 0])
+    return decode_generated(tokenizer, settings.beam_search(model.decoder, memory, memory_mask).sequences[:, 0])
 
 
 class InferenceMixin:
@@ -115,6 +112,4 @@ class InferenceMixin:
             raise ValueError(f"answer: {image.shape[0]} images but {ids.shape[0]} questions")
         chosen = AnswerSettings(**{**vars(self.answer_settings), **settings})
         memory, memory_mask = self.memory(image, ids, mask)
-        out = beam_search(self.decoder, memory, memory_mask, beam_size=chosen.beam_size, max_length=chosen.max_length,
-                          min_length=1, length_penalty=chosen.length_penalty)
-        return decode_captions(tokenizer, out.sequences[:, 0])
+        return decode_generated(tokenizer, chosen.beam_search(self.decoder, memory, memory_mask).sequences[:, 0])

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.utils.value_checks import check_positive
 
 
 @dataclass
@@ -102,6 +103,16 @@ class HeadsConfig:
     loss_weights: dict = field(default_factory=lambda: {"itc": 1.0, "itm": 1.0, "mlm": 1.0, "prefixlm": 1.0})
 
 
+# sizes that must be > 0: a zero would fail later as a ZeroDivisionError or an empty tensor
+POSITIVE_FIELDS = {
+    "vision": ("image_size", "patch_size", "width", "layers", "heads", "mlp_ratio"),
+    "text": ("vocab_size", "width", "heads", "ffn_dim", "max_positions"),
+    "fusion": ("layers", "stride"),
+    "decoder": ("layers", "heads", "ffn_dim", "max_positions"),
+    "heads": ("embed_dim", "temperature", "queue_size"),
+}
+
+
 @dataclass
 class ModelConfig:
     preset: str = "base"
@@ -117,8 +128,12 @@ class ModelConfig:
     itc_pooling: Literal["cls", "mean"] = "cls"
 
     def validate(self, prefix: str = "model") -> None:
-        """Cross-field checks; raises ConfigError naming the dotted field."""
+        """Range and cross-field checks; raises ConfigError naming the dotted field."""
         v, t = self.vision, self.text
+        for section, names in POSITIVE_FIELDS.items():
+            for name in names:
+                check_positive(getattr(getattr(self, section), name), f"{prefix}.{section}.{name}")
+        check_positive(t.encoder_layers, f"{prefix}.text.encoder_layers", allow_zero=True)
         if v.image_size % v.patch_size:
             raise ConfigError(f"{prefix}.vision.image_size: {v.image_size} is not a multiple of "
                               f"patch_size {v.patch_size}")
@@ -126,14 +141,8 @@ class ModelConfig:
             raise ConfigError(f"{prefix}.vision.width: {v.width} not divisible by heads {v.heads}")
         if t.width % t.heads:
             raise ConfigError(f"{prefix}.text.width: {t.width} not divisible by heads {t.heads}")
-        if self.decoder.heads and t.width % self.decoder.heads:
+        if t.width % self.decoder.heads:
             raise ConfigError(f"{prefix}.decoder.heads: text width {t.width} not divisible by {self.decoder.heads}")
-        if self.fusion.stride < 1:
-            raise ConfigError(f"{prefix}.fusion.stride: expected >= 1, got {self.fusion.stride}")
-        if self.fusion.layers < 1:
-            raise ConfigError(f"{prefix}.fusion.layers: expected >= 1, got {self.fusion.layers}")
-        if self.heads.queue_size < 1:
-            raise ConfigError(f"{prefix}.heads.queue_size: expected >= 1, got {self.heads.queue_size}")
         if not 0.0 <= self.heads.momentum < 1.0:
             raise ConfigError(f"{prefix}.heads.momentum: expected in [0, 1), got {self.heads.momentum}")
         if not 0.0 < self.heads.mlm_probability < 1.0:

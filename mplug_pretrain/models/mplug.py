@@ -19,7 +19,6 @@ into the queues after computing the losses; in eval mode the queues are left unt
 from __future__ import annotations
 
 import copy
-import json
 import os
 
 import torch
@@ -27,7 +26,7 @@ from torch import nn
 
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.bert_decoder import BertDecoder
-from mplug_pretrain.models.config_io import model_config_from_dict, model_config_to_dict
+from mplug_pretrain.models.config_io import CONFIG_FILE, read_model_config, write_model_config
 from mplug_pretrain.models.decoder_factory import build_decoder
 from mplug_pretrain.models.fusion import build_fusion
 from mplug_pretrain.models.heads.itc import ImageTextContrastive
@@ -42,7 +41,6 @@ from mplug_pretrain.models.vision import ImageEncoder, resize_positional_embeddi
 from mplug_pretrain.models.weights.reader import load_weights_into, save_weights
 
 LOSS_NAMES = ("itc", "itm", "mlm", "prefixlm")
-CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -243,10 +241,17 @@ class MPLUG(InferenceMixin, nn.Module):
         ``prompt_length`` = leading tokens forming the prompt, [CLS] included ("a picture of" -> 4).
         The prompt "[CLS] a picture of [SEP]" goes through text encoder + fusion with the image; the decoder
         predicts the whole caption after the prompt ("[CLS]" as BOS ... "[SEP]"). Token-mean cross-entropy."""
+        return self.caption_loss_from_states(self.encode_image(image), input_ids, attention_mask, prompt_length,
+                                             label_smoothing)
+
+    def caption_loss_from_states(self, image_states: torch.Tensor, input_ids: torch.Tensor,
+                                 attention_mask: torch.Tensor, prompt_length: int,
+                                 label_smoothing: float = 0.0) -> torch.Tensor:
+        """``caption_loss`` from visual states [B, 1+M, D] already computed (a frozen ViT, cached features)."""
         if prompt_length < 1:
             raise ValueError(f"prompt_length counts [CLS] and must be >= 1, got {prompt_length}")
         split = split_prefix(input_ids, attention_mask, split=torch.tensor(prompt_length - 1))
-        return self._decoder_loss(self.encode_image(image), split, label_smoothing)
+        return self._decoder_loss(image_states, split, label_smoothing)
 
     @torch.no_grad()
     def momentum_update(self) -> None:
@@ -299,12 +304,7 @@ class MPLUG(InferenceMixin, nn.Module):
         """Write ``config.json`` and ``model.safetensors`` (all weights incl. momentum copies and ITC queues;
         a tied decoder's output projection is stored once, under its token embedding's name)."""
         os.makedirs(directory, exist_ok=True)
-        config = model_config_to_dict(self.config)
-        # the weights below already contain whatever these files initialized
-        config["vision"]["checkpoint_path"] = config["text"]["bert_checkpoint"] = None
-        config["decoder"]["bert_checkpoint"] = None
-        with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-            json.dump(config, f, indent=2)
+        write_model_config(self.config, os.path.join(directory, CONFIG_FILE))
         save_weights(self, os.path.join(directory, WEIGHTS_FILE))
 
     @classmethod
@@ -312,8 +312,7 @@ class MPLUG(InferenceMixin, nn.Module):
         """Load a ``save_pretrained`` folder (strict). ``image_size`` re-targets the ViT to a new input size,
         resizing its positional embeddings bilinearly (fine-tuning at a higher resolution)."""
         from safetensors.torch import load_file
-        with open(os.path.join(directory, CONFIG_FILE)) as f:
-            config = model_config_from_dict(json.load(f))
+        config = read_model_config(os.path.join(directory, CONFIG_FILE))
         state = load_file(os.path.join(directory, WEIGHTS_FILE))
         if image_size is not None and image_size != config.vision.image_size:
             config.vision.image_size = image_size

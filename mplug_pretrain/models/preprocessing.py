@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from mplug_pretrain.data.transforms import CLIP_MEAN, CLIP_STD, TRAIN_CROP_SCALE
+from mplug_pretrain.utils.typed_dataclass import read_json_dataclass
 
 PREPROCESSING_FILE = "preprocessing.json"
 TOKENIZER_FILE = "vocab.txt"  # the file whose presence says "this folder holds its tokenizer"
@@ -42,18 +43,7 @@ class Preprocessing:
 
     @classmethod
     def load(cls, directory: str) -> Preprocessing:
-        path = os.path.join(directory, PREPROCESSING_FILE)
-        with open(path) as f:
-            data = json.load(f)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown or "image_size" not in data:
-            raise ValueError(f"{path}: {'unknown field ' + unknown[0] if unknown else 'image_size missing'} "
-                             f"(fields: {', '.join(sorted(known))})")
-        for key in ("mean", "std", "train_crop_scale"):
-            if key in data:
-                data[key] = tuple(data[key])
-        return cls(**data)
+        return read_json_dataclass(cls, os.path.join(directory, PREPROCESSING_FILE))
 
 
 def write_inference_files(directory: str, tokenizer_path: str | None, max_text_len: int) -> list[str]:
@@ -61,8 +51,8 @@ def write_inference_files(directory: str, tokenizer_path: str | None, max_text_l
     (``tokenizer_path``: a folder with vocab.txt; None = the default bert-base-uncased vocabulary) and
     ``preprocessing.json``. -> the file names written."""
     from mplug_pretrain.data.tokenizer import load_tokenizer, save_tokenizer
-    with open(os.path.join(directory, "config.json")) as f:
-        image_size = int(json.load(f)["vision"]["image_size"])
+    from mplug_pretrain.models.config_io import CONFIG_FILE, read_model_config
+    image_size = read_model_config(os.path.join(directory, CONFIG_FILE)).vision.image_size
     written = save_tokenizer(load_tokenizer(tokenizer_path), directory)
     Preprocessing(image_size=image_size, max_text_len=max_text_len).save(directory)
     return [*written, PREPROCESSING_FILE]

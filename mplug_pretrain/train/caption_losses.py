@@ -3,7 +3,7 @@
   visual states V: encode_image(image) | ViT under no_grad + projection/refiner (freeze_vision) |
       projection/refiner(cached features)
   xe    memory = fuse(V, "[CLS] a picture of [SEP]"); the decoder reads "[CLS] c_1..c_n" and predicts
-        "c_1..c_n [SEP]": token-mean cross-entropy (optional label smoothing), as MPLUG.caption_loss
+        "c_1..c_n [SEP]": token-mean cross-entropy (optional label smoothing): MPLUG.caption_loss_from_states
   scst  one row per distinct image; k samples from the decoder over that memory; CIDEr-D reward against the
         image's training references with the leave-one-out baseline; dropout off (train/scst.py)
 Padding rows (is_pad) take no part; a batch of padding only gives a zero loss (weight 0 on row 0), so every
@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
 from mplug_pretrain.models.vision import states_from_vit_tokens
 from mplug_pretrain.train.scst import CiderDReward, policy_mode, scst_loss
 
@@ -35,15 +34,6 @@ def visual_states(module: nn.Module, batch: dict, rows: list[int], freeze_vision
     return module.encode_image(batch["image"][rows])
 
 
-def caption_xe_loss(module: nn.Module, image_states: torch.Tensor, input_ids: torch.Tensor,
-                    attention_mask: torch.Tensor, prompt_length: int, label_smoothing: float = 0.0) -> torch.Tensor:
-    """MPLUG.caption_loss from given visual states (``prompt_length`` counts [CLS] + prompt tokens)."""
-    split = split_prefix(input_ids, attention_mask, split=torch.tensor(prompt_length - 1))
-    memory, memory_mask = module.memory_from_states(image_states, None, split.prefix_ids, split.prefix_mask)
-    logits = module.decoder(split.target_ids, split.target_mask, memory, memory_mask).logits
-    return prefix_lm_loss(logits, split.target_ids, split.target_mask, label_smoothing)
-
-
 def _rows_or_zero(batch: dict) -> tuple[list[int], float]:
     """The real rows with weight 1, or (a batch of padding only) row 0 with weight 0 so every rank steps alike."""
     rows = real_rows(batch)
@@ -56,8 +46,8 @@ def xe_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt_le
     attention_mask [B, T] = "[CLS] prompt caption [SEP]"; is_pad [B]) -> {"loss": scalar}."""
     rows, weight = _rows_or_zero(batch)
     states = visual_states(module, batch, rows, freeze_vision)
-    loss = caption_xe_loss(module, states, batch["input_ids"][rows], batch["attention_mask"][rows], prompt_length,
-                           label_smoothing)
+    loss = module.caption_loss_from_states(states, batch["input_ids"][rows], batch["attention_mask"][rows],
+                                           prompt_length, label_smoothing)
     return {"loss": loss * weight}
 
 

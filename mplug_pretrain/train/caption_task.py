@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from mplug_pretrain.config import Config, StageConfig
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.train.caption_data import CaptionImageFormat, CaptionText, load_references, prompt_ids
 from mplug_pretrain.train.caption_losses import scst_batch_loss, xe_batch_loss
@@ -51,7 +52,9 @@ def stage_config(cfg: Config, index: int, stage: StageConfig, init_from: str) ->
         o, max_steps=stage.steps, lr_rest=lr_rest, lr_vision=lr_vision, min_lr=min_lr,
         warmup_steps=stage.warmup_steps if stage.warmup_steps is not None else o.warmup_steps,
         grad_accum_steps=stage.grad_accum_steps or o.grad_accum_steps)
-    data = dataclasses.replace(d, train_shards=cfg.caption.train_shards, batch_size=stage.batch_size or d.batch_size)
+    # the stage reads caption.train_shards (data.train_weights weigh pretraining sources: none here)
+    data = dataclasses.replace(d, train_shards=cfg.caption.train_shards, train_weights=None,
+                               batch_size=stage.batch_size or d.batch_size)
     run = dataclasses.replace(cfg.run, output_dir=cfg.run_dir, name=f"{index + 1}_{stage.name}",
                               seed=cfg.run.seed + index)
     return dataclasses.replace(cfg, optim=optim, data=data, run=run, init_from=init_from)
@@ -75,8 +78,8 @@ class CaptionStage:
     def __init__(self, cfg: Config, stage: StageConfig, tokenizer, image_size: int,
                  reward: CiderDReward | None, cache_folder: str | None):
         self.cfg, self.stage, self.tokenizer, self.image_size, self.reward = cfg, stage, tokenizer, image_size, reward
-        self.text_fn = CaptionText(cfg.caption.prompt, cfg.caption.clean_captions)
-        self.prompt = prompt_ids(tokenizer, cfg.caption.prompt)
+        self.text_fn = CaptionText(cfg.caption.generation.prompt, cfg.caption.clean_captions)
+        self.prompt = prompt_ids(tokenizer, cfg.caption.generation.prompt)
         self.cache = None
         if cache_folder is not None:
             from mplug_pretrain.data.cached_features import FeatureCache
@@ -88,20 +91,15 @@ class CaptionStage:
             model.image_encoder.vit.requires_grad_(False)
         return model
 
-    def make_loader(self, cfg: Config, rank: int, world_size: int, epoch: int, start_batch: int):
+    def make_loader(self, cfg: Config, spec: LoaderSpec):
         from mplug_pretrain.data.pipeline import build_loader
         from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
-        d = cfg.data
-        args = {"batch_size": d.batch_size, "num_workers": d.num_workers, "mode": d.mode, "seed": cfg.run.seed,
-                "epoch": epoch, "start_batch": start_batch, "shuffle": True, "rank": rank, "world_size": world_size,
-                "samples_per_epoch": d.samples_per_epoch, "shuffle_buffer": d.shuffle_buffer}
         if self.cache is not None:
             from mplug_pretrain.data.cached_features import build_cached_loader
-            return build_cached_loader(cfg.caption.train_shards, self.cache, self.tokenizer, self.text_fn,
-                                       max_text_len=d.max_text_len, **args)
+            return build_cached_loader(spec, self.cache, self.tokenizer, self.text_fn, cfg.data.max_text_len)
         transform = (build_train_transform if cfg.caption.augment else build_eval_transform)(self.image_size)
-        fmt = CaptionImageFormat(transform, self.tokenizer, d.max_text_len, self.image_size, self.text_fn)
-        return build_loader(cfg.caption.train_shards, fmt, **args)
+        fmt = CaptionImageFormat(transform, self.tokenizer, cfg.data.max_text_len, self.image_size, self.text_fn)
+        return build_loader(spec, fmt)
 
     def losses(self, engine, batch: dict, state: TrainerState) -> dict:
         c = self.cfg.caption
@@ -109,7 +107,7 @@ class CaptionStage:
         if self.stage.objective == "xe":
             return xe_batch_loss(module, batch, self.stage.freeze_vision, self.prompt.shape[1] - 1, c.label_smoothing)
         return scst_batch_loss(module, batch, self.stage.freeze_vision, self.prompt, self.reward, self.tokenizer,
-                               c.scst_samples, c.max_length)
+                               c.scst_samples, c.generation.max_length)
 
     def task(self) -> TrainTask:
         return TrainTask(name=f"caption_{self.stage.name}", build_model=self.build_model,
@@ -120,13 +118,7 @@ def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> dict[str, float]:
     """Held-out scores of a stage's model on caption.val_shards (every rank takes its share):
     {"cider_d": beam-search CIDEr-D, "sample_cider_d": mean CIDEr-D of caption.scst_samples sampled captions
     per image, the SCST objective on held-out images (train/sampled_cider.py)}."""
-    from mplug_pretrain.eval.caption_task import (
-        GenerationSettings,
-        eval_loader,
-        fast_cider_d,
-        gather_to_all,
-        generate_captions,
-    )
+    from mplug_pretrain.eval.caption_task import eval_loader, fast_cider_d, gather_to_all, generate_captions
     from mplug_pretrain.models.mplug import MPLUG
     from mplug_pretrain.train.sampled_cider import sampled_cider_d
     c = cfg.caption
@@ -134,10 +126,9 @@ def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> dict[str, float]:
     model = MPLUG.from_pretrained(model_dir).float().to(device).eval()
     size = model.config.vision.image_size
     predictions, references = gather_to_all(*generate_captions(model, eval_loader(c.val_shards, size, cfg),
-                                                               tokenizer, GenerationSettings.from_config(cfg),
-                                                               device))
-    sampled = sampled_cider_d(model, eval_loader(c.val_shards, size, cfg), tokenizer, c.prompt, device,
-                              k=c.scst_samples, max_length=c.max_length, seed=cfg.run.seed)
+                                                               tokenizer, c.generation, device))
+    sampled = sampled_cider_d(model, eval_loader(c.val_shards, size, cfg), tokenizer, c.generation.prompt, device,
+                              k=c.scst_samples, max_length=c.generation.max_length, seed=cfg.run.seed)
     return {"cider_d": fast_cider_d(predictions, references), "sample_cider_d": sampled}
 
 
@@ -155,7 +146,6 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     """Run caption.stages in order. -> {"summary": last stage's, "stages": [per stage], "metrics": final
     metrics (also in <run dir>/metrics.json), "model_dir": the final model folder}."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.eval.caption_task import GenerationSettings
     from mplug_pretrain.train.distributed import init_distributed
     c = cfg.caption
     if not c.train_shards:
@@ -190,7 +180,7 @@ def run(cfg: Config, resume: str | None = None) -> dict:
         record = {"stage": stage.name, "objective": stage.objective, "steps": summary["global_step"],
                   "model_dir": model_dir}
         if rank() == 0:
-            GenerationSettings.from_config(cfg).save(model_dir)
+            c.generation.save(model_dir)
         if c.val_shards and c.stage_cider:
             record.update(_stage_cider(cfg, model_dir, tokenizer))
             if rank() == 0:

@@ -10,7 +10,7 @@ import shutil
 import torch
 
 from mplug_pretrain.config import Config, load_config
-from mplug_pretrain.models.generation_settings import GENERATION_FILE, AnswerSettings
+from mplug_pretrain.models.generation_settings import GENERATION_FILE
 from mplug_pretrain.models.preprocessing import write_inference_files
 from mplug_pretrain.train.checkpoint import read_latest
 
@@ -67,6 +67,6 @@ def export_checkpoint(checkpoint: str, out: str, tag: str | None = None) -> str:
 
 def complete_model_folder(directory: str, cfg: Config) -> None:
     """Make a ``save_pretrained`` folder self-contained: the run's tokenizer files, preprocessing.json and
-    the VQA decoding settings (vqa.beam_size / max_answer_length / length_penalty)."""
+    the VQA decoding settings (vqa.generation)."""
     write_inference_files(directory, cfg.data.tokenizer, cfg.data.max_text_len)
-    AnswerSettings.from_config(cfg).save(directory)
+    cfg.vqa.generation.save(directory)

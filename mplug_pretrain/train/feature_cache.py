@@ -80,6 +80,7 @@ def build_feature_cache(model: nn.Module, urls: str, root: str, image_size: int,
     """Cache ``model.image_encoder.vit`` features of every image of ``urls``; returns the cache folder.
     Nothing is recomputed when a complete cache with the same fingerprint exists. Under torch.distributed
     every rank caches its share of the shards (call it on every rank)."""
+    from mplug_pretrain.data.loader_spec import LoaderSpec
     from mplug_pretrain.data.pipeline import build_loader
     from mplug_pretrain.data.transforms import build_eval_transform
     if dtype not in DTYPES:
@@ -96,8 +97,8 @@ def build_feature_cache(model: nn.Module, urls: str, root: str, image_size: int,
     device = torch.device(device) if device is not None else next(vit.parameters()).device
     was_training = vit.training
     vit.eval()
-    loader = build_loader(urls, CacheInputFormat(build_eval_transform(image_size), image_size), batch_size=batch_size,
-                          num_workers=num_workers, mode="exact", shuffle=False, rank=rank, world_size=world)
+    loader = build_loader(LoaderSpec.evaluation(urls, batch_size, num_workers, rank=rank, world_size=world),
+                          CacheInputFormat(build_eval_transform(image_size), image_size))
     keys: list[str] = []
     seen: set[str] = set()
     row_shape = None

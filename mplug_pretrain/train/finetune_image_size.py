@@ -1,10 +1,10 @@
 """The resolution a fine-tuning task trains at, shared by captioning and VQA."""
 from __future__ import annotations
 
-import json
 import os
 
 from mplug_pretrain.config import Config
+from mplug_pretrain.models.config_io import CONFIG_FILE, read_model_config
 
 
 def finetune_image_size(cfg: Config, task_image_size: int | None) -> int:
@@ -13,6 +13,5 @@ def finetune_image_size(cfg: Config, task_image_size: int | None) -> int:
     if task_image_size is not None:
         return task_image_size
     if cfg.init_from:
-        with open(os.path.join(cfg.init_from, "config.json")) as f:
-            return int(json.load(f)["vision"]["image_size"])
+        return read_model_config(os.path.join(cfg.init_from, CONFIG_FILE)).vision.image_size
     return cfg.model.vision.image_size

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from mplug_pretrain.config import Config, save_config
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.train.checkpoint import TrainerState, load_checkpoint, resolve_resume, save_checkpoint
 from mplug_pretrain.train.distributed import init_distributed
 from mplug_pretrain.train.engine import build_engine, momentum_update, save_final_model, train_autocast
@@ -67,17 +68,27 @@ class TrainTask:
     """What a task plugs into the loop.
 
     build_model(cfg) -> nn.Module (with param_groups / set_grad_checkpointing / save_pretrained)
-    make_loader(cfg, rank, world_size, epoch, start_batch) -> iterable of batch dicts (deterministic
-        for a given epoch; ``start_batch`` skips the batches already consumed)
+    make_loader(cfg, spec) -> iterable of batch dicts (deterministic for a given epoch); ``spec``
+        (``training_loader_spec``): data.train_shards read as data.* says from this rank's position (its
+        ``start_batch`` skips the batches already consumed); fine-tuning tasks make their own shards the
+        run config's data.train_shards.
     losses(module, batch, state) -> {"loss": scalar to optimise, "loss_*": scalars to log}
     flops_per_sample(cfg, batch) -> model FLOPs (forward + backward) of one sample of this batch, for MFU
         (None: the task has no FLOP count and MFU is not logged)
     """
     name: str
     build_model: Callable[[Config], torch.nn.Module]
-    make_loader: Callable[..., Iterable[dict]]
+    make_loader: Callable[[Config, LoaderSpec], Iterable[dict]]
     losses: Callable[[torch.nn.Module, dict, TrainerState], dict]
     flops_per_sample: Callable[[Config, dict], float] | None = None
+
+
+def training_loader_spec(cfg: Config, rank: int, world_size: int, state: TrainerState) -> LoaderSpec:
+    """data.* and run.seed, shuffled, from the run's position (epoch, batches of it already consumed)."""
+    d = cfg.data
+    return LoaderSpec(d.train_shards, d.batch_size, d.num_workers, mode=d.mode, seed=cfg.run.seed, shuffle=True,
+                      shuffle_buffer=d.shuffle_buffer, samples_per_epoch=d.samples_per_epoch, weights=d.train_weights,
+                      epoch=state.epoch, start_batch=state.batch_in_epoch, rank=rank, world_size=world_size)
 
 
 def _to_device(batch: dict, device, float_dtype=None) -> dict:
@@ -323,7 +334,7 @@ def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dic
     _resume(run, resume)
     loader = None  # stays None when a resumed run had already finished
     while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
-        loader = task.make_loader(cfg, run.rank, run.world, run.state.epoch, run.state.batch_in_epoch)
+        loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
         if not _train_epoch(run, loader):
             break
     return _finish(run, loader)

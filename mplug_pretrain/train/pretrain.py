@@ -4,6 +4,7 @@ data.pipeline (decode, augment, tokenize) -> MPLUG.forward (models/mplug.py) -> 
 from __future__ import annotations
 
 from mplug_pretrain.config import Config
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training
@@ -16,16 +17,11 @@ def build_model(cfg: Config):
     return MPLUG(cfg.model)
 
 
-def build_train_loader(cfg: Config, rank: int, world_size: int, epoch: int, start_batch: int):
+def build_train_loader(cfg: Config, spec: LoaderSpec):
     from mplug_pretrain.data.pipeline import build_pretrain_loader
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    d = cfg.data
-    return build_pretrain_loader(
-        d.train_shards, batch_size=d.batch_size, image_size=cfg.model.vision.image_size,
-        max_text_len=d.max_text_len, tokenizer=load_tokenizer(d.tokenizer), num_workers=d.num_workers,
-        mode=d.mode, seed=cfg.run.seed, epoch=epoch, start_batch=start_batch, train=True, rank=rank,
-        world_size=world_size, samples_per_epoch=d.samples_per_epoch, weights=d.train_weights,
-        shuffle_buffer=d.shuffle_buffer)
+    return build_pretrain_loader(spec, load_tokenizer(cfg.data.tokenizer), image_size=cfg.model.vision.image_size,
+                                 max_text_len=cfg.data.max_text_len, augment=True)
 
 
 def distill_alpha(cfg: Config, step: int) -> float:

@@ -14,6 +14,7 @@ and the fusion too. The shared loop (train/loop.py) does DeepSpeed, the schedule
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mplug_pretrain.config import Config
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.train.checkpoint import TrainerState
@@ -100,17 +102,13 @@ def build_model(cfg: Config) -> nn.Module:
 
 
 def make_loader_builder(tokenizer):
-    def make_loader(cfg: Config, rank: int, world_size: int, epoch: int, start_batch: int):
+    def make_loader(cfg: Config, spec: LoaderSpec):
         from mplug_pretrain.data.formats import VQAFormat
         from mplug_pretrain.data.pipeline import build_loader
         from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
-        d, size = cfg.data, training_image_size(cfg)
+        size = training_image_size(cfg)
         transform = build_train_transform(size) if cfg.vqa.augment else build_eval_transform(size)
-        fmt = VQAFormat(transform, tokenizer, d.max_text_len, size)
-        return build_loader(cfg.vqa.train_shards, fmt, batch_size=d.batch_size, num_workers=d.num_workers,
-                            mode=d.mode, seed=cfg.run.seed, epoch=epoch, start_batch=start_batch, shuffle=True,
-                            rank=rank, world_size=world_size, samples_per_epoch=d.samples_per_epoch,
-                            shuffle_buffer=d.shuffle_buffer)
+        return build_loader(spec, VQAFormat(transform, tokenizer, cfg.data.max_text_len, size))
     return make_loader
 
 
@@ -121,9 +119,12 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     if not cfg.vqa.train_shards:
         raise ConfigError("vqa.train_shards: required by `mplug finetune vqa` (VQA shards with answers)")
     tokenizer = load_tokenizer(cfg.data.tokenizer)
+    # the loop reads data.train_shards: here the VQA shards (data.train_weights weigh pretraining sources)
+    data = dataclasses.replace(cfg.data, train_shards=cfg.vqa.train_shards, train_weights=None)
+    cfg = dataclasses.replace(cfg, data=data)
 
     def losses(engine, batch: dict, state: TrainerState) -> dict:
-        return {"loss": vqa_answer_loss(engine.module, batch, tokenizer, cfg.vqa.max_answer_length)}
+        return {"loss": vqa_answer_loss(engine.module, batch, tokenizer, cfg.vqa.generation.max_length)}
 
     task = TrainTask(name="vqa", build_model=build_model, make_loader=make_loader_builder(tokenizer), losses=losses)
     result = run_training(cfg, task, resume=resume)

@@ -7,6 +7,7 @@ import tarfile
 import pytest
 from conftest import jpeg_bytes, simple_sample
 
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.pipeline import build_pretrain_loader
 from mplug_pretrain.data.shard_writer import ShardWriter
 
@@ -51,8 +52,8 @@ def corrupt_shards(tmp_path_factory):
 @pytest.mark.parametrize("workers", [1, 2])  # 1: shard split; 2: sample split (2 uneven shards)
 def test_corrupt_samples_are_skipped_and_counted(corrupt_shards, tokenizer, workers):
     urls, good = corrupt_shards
-    lo = build_pretrain_loader(urls, batch_size=4, image_size=16, max_text_len=12, tokenizer=tokenizer,
-                               num_workers=workers, seed=3, train=True)
+    lo = build_pretrain_loader(LoaderSpec(urls, batch_size=4, num_workers=workers, seed=3), tokenizer, image_size=16,
+                               max_text_len=12, augment=True)
     batches = list(lo)
     assert len(batches) == lo.num_batches
     real = [k for b in batches for k, pad in zip(b["__key__"], b["is_pad"].tolist()) if not pad]

@@ -7,6 +7,7 @@ import pytest
 from PIL import Image
 
 from mplug_pretrain.data.image_decode import SampleError, decode_image, to_rgb
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.pipeline import build_pretrain_loader
 from mplug_pretrain.data.shard_writer import ShardWriter
 
@@ -92,8 +93,8 @@ def test_all_modes_decode_through_the_pipeline(tmp_path, tokenizer):
         for key, (ext, image) in images.items():
             writer.write({"__key__": key, ext: encode(image, "PNG" if ext == "png" else "JPEG"),
                           "txt": f"a {key} image"})
-    lo = build_pretrain_loader(str(tmp_path / "modes-000000.tar"), batch_size=len(images), image_size=16,
-                               max_text_len=8, tokenizer=tokenizer, num_workers=0, train=False)
+    spec = LoaderSpec(str(tmp_path / "modes-000000.tar"), batch_size=len(images), shuffle=False)
+    lo = build_pretrain_loader(spec, tokenizer, image_size=16, max_text_len=8, augment=False)
     (batch,) = list(lo)
     assert sorted(batch["__key__"]) == sorted(images) and not batch["is_pad"].any()
     assert batch["image"].shape == (len(images), 3, 16, 16) and bool(batch["image"].isfinite().all())

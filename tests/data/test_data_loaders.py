@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import jpeg_bytes
 
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.pipeline import build_caption_eval_loader, build_video_loader, build_vqa_loader
 from mplug_pretrain.data.shard_writer import ShardWriter
 from mplug_pretrain.data.transforms import CLIP_MEAN, CLIP_STD
@@ -23,8 +24,8 @@ def test_vqa_loader_on_easy_vqa(tmp_path, tokenizer):
     import easy_vqa
     write_easy_vqa_shards(str(tmp_path), split="test", max_questions=30, seed=1, max_samples=10)
     texts, answers, _ = easy_vqa.get_test_questions()
-    lo = build_vqa_loader(str(tmp_path / "easy_vqa_test-{000000..000002}.tar"), batch_size=8, image_size=32,
-                          max_text_len=12, tokenizer=tokenizer, num_workers=2, train=True, seed=4)
+    spec = LoaderSpec(str(tmp_path / "easy_vqa_test-{000000..000002}.tar"), batch_size=8, num_workers=2, seed=4)
+    lo = build_vqa_loader(spec, tokenizer, image_size=32, max_text_len=12, augment=True)
     assert lo.answer_list == easy_vqa.get_answers()
     batches = list(lo)
     assert len(batches) == lo.num_batches
@@ -47,8 +48,8 @@ def test_vqa_answer_weights_follow_annotator_agreement(tmp_path, tokenizer):
                       "json": {"question_id": 1, "question": "how many?", "image_id": 5,
                                "answers": [{"answer": a, "answer_confidence": "yes", "answer_id": i}
                                            for i, a in enumerate(raw)]}})
-    (batch,) = list(build_vqa_loader(str(tmp_path / "v-000000.tar"), batch_size=1, image_size=16, max_text_len=8,
-                                     tokenizer=tokenizer, train=False))
+    (batch,) = list(build_vqa_loader(LoaderSpec.evaluation(str(tmp_path / "v-000000.tar"), batch_size=1), tokenizer,
+                                     image_size=16, max_text_len=8, augment=False))
     counts = collections.Counter(raw)
     assert batch["answers"][0] == ["2", "two", "3", "4"]
     assert batch["answer_weights"][0] == [counts[a] / 10 for a in ["2", "two", "3", "4"]]
@@ -63,8 +64,9 @@ def test_caption_eval_loader_two_ranks(tmp_path):
     seen = {}
     lengths = []
     for rank in range(2):
-        batches = list(build_caption_eval_loader(str(tmp_path / "synthetic-000000.tar"), batch_size=4, image_size=32,
-                                                 num_workers=2, rank=rank, world_size=2))
+        spec = LoaderSpec.evaluation(str(tmp_path / "synthetic-000000.tar"), batch_size=4, num_workers=2, rank=rank,
+                                     world_size=2)
+        batches = list(build_caption_eval_loader(spec, image_size=32))
         lengths.append(len(batches))
         for image_id, captions in zip(real(batches, "image_id"), real(batches, "captions")):
             assert int(image_id) not in seen
@@ -76,14 +78,14 @@ def test_video_loader_raw_bytes_and_frames(tmp_path):
     write_synthetic_video_shards(str(tmp_path), num_videos=3, seed=9, num_frames=8, size=32)
     with tarfile.open(tmp_path / "synthetic_video-000000.tar") as tar:
         source = {m.name[:-4]: tar.extractfile(m).read() for m in tar.getmembers() if m.name.endswith(".mp4")}
-    lo = build_video_loader(str(tmp_path / "synthetic_video-000000.tar"), batch_size=2, num_workers=0)
+    spec = LoaderSpec.evaluation(str(tmp_path / "synthetic_video-000000.tar"), batch_size=2)
+    lo = build_video_loader(spec)
     batches = list(lo)
     assert dict(zip(real(batches, "__key__"), real(batches, "video_bytes"))) == source
     assert all(ext == "mp4" for ext in real(batches, "video_ext"))
     assert all(c[0].startswith("a ") and "moving" in c[0] for c in real(batches, "captions"))
     pytest.importorskip("av")
-    decoded = list(build_video_loader(str(tmp_path / "synthetic_video-000000.tar"), batch_size=2, num_frames=4,
-                                      image_size=32))
+    decoded = list(build_video_loader(spec, num_frames=4, image_size=32))
     assert decoded[0]["video"].shape == (2, 4, 3, 32, 32) and decoded[0]["video"].dtype == torch.float32
     from mplug_pretrain.data.video_frames import decode_frames
     first = decode_frames(source[decoded[0]["__key__"][0]], 4, mode="uniform")

@@ -9,6 +9,7 @@ import torch
 from conftest import write_simple_shards
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
 
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.pipeline import build_pretrain_loader
 from mplug_pretrain.errors import ConfigError
 
@@ -25,11 +26,10 @@ def single(tmp_path_factory):
     return write_simple_shards(str(tmp_path_factory.mktemp("single")), [22])
 
 
-def loader(urls, tokenizer, **kw):
-    args = {"batch_size": 4, "image_size": 16, "max_text_len": 16, "tokenizer": tokenizer, "num_workers": 2,
-            "seed": 7, "train": False}
-    args.update(kw)
-    return build_pretrain_loader(urls, **args)
+def loader(urls, tokenizer, max_text_len=16, train=False, **spec):
+    """``train``: shuffled and augmented; ``spec``: LoaderSpec fields."""
+    spec = LoaderSpec(urls, **{"batch_size": 4, "num_workers": 2, "seed": 7, "shuffle": train, **spec})
+    return build_pretrain_loader(spec, tokenizer, image_size=16, max_text_len=max_text_len, augment=train)
 
 
 def real_keys(batches):

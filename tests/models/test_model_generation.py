@@ -9,7 +9,6 @@ import torch
 from mplug_pretrain.models import generation as G
 from mplug_pretrain.models.bert_decoder import BertDecoder
 from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, PAD_ID
-from mplug_pretrain.models.decoder_factory import build_decoder
 from mplug_pretrain.models.model_config import DecoderConfig
 
 V, W = 110, 32
@@ -122,20 +121,6 @@ def test_candidate_scores_match_teacher_forcing(setup):
         assert order[b, 0] == direct.argmax()
     top_order, _top_scores = G.score_candidates(decoder, memory, memory_mask, answers, answer_mask, k=2)
     assert top_order.shape == (3, 2)
-
-
-@pytest.mark.parametrize("kind", ["bert", "expansion", "acf"])
-def test_every_decoder_head_decodes_through_the_shared_search(kind):
-    torch.manual_seed(0)
-    decoder = build_decoder(DecoderConfig(type=kind, layers=2, heads=4, ffn_dim=64, max_positions=40,
-                                          expansion_slots=4), vocab_size=V, width=W).eval()
-    memory, memory_mask = torch.randn(2, 5, W), torch.ones(2, 5, dtype=torch.long)
-    greedy = G.greedy_search(decoder, memory, memory_mask, max_length=6)
-    assert torch.equal(G.beam_search(decoder, memory, memory_mask, beam_size=1, max_length=6).sequences[:, 0], greedy)
-    seqs, lp = G.sample(decoder, memory, memory_mask, num_samples=2, max_length=6,
-                        generator=torch.Generator().manual_seed(0))
-    full = teacher_forced(decoder, memory.repeat_interleave(2, 0), memory_mask.repeat_interleave(2, 0), seqs)
-    assert torch.allclose(full, lp, atol=1e-4)
 
 
 def test_draw_follows_the_distribution_and_never_draws_zero_probability():

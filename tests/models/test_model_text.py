@@ -5,18 +5,11 @@ import torch
 from transformers import BertConfig, BertModel
 
 from mplug_pretrain.models.text import TextEncoder
-from mplug_pretrain.models.weights.bert import rename_embedding_key, rename_layer_key
+from mplug_pretrain.models.weights.bert import rename_bert_key
 
 
 def hf_to_text_encoder(sd: dict) -> dict:
-    out = {}
-    for key, value in sd.items():
-        if key.startswith("embeddings.") and rename_embedding_key(key[len("embeddings."):]):
-            out["embeddings." + rename_embedding_key(key[len("embeddings."):])] = value
-        elif key.startswith("encoder.layer."):
-            _, _, index, rest = key.split(".", 3)
-            out[f"layers.{index}.{rename_layer_key(rest)}"] = value
-    return out
+    return {rename_bert_key(key): value for key, value in sd.items() if rename_bert_key(key)}
 
 
 def test_text_encoder_matches_transformers_bert(text_batch):

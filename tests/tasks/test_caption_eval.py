@@ -71,8 +71,9 @@ def test_caption_metrics_task_equals_pycocoevalcap_called_directly(eval_case, mo
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
     shards, references = eval_case
     cfg = load_config(None, [f"eval.shards={shards}", "eval.num_workers=0", "eval.batch_size=2",
-                             f"caption.beam_size={SETTINGS.beam_size}", f"caption.max_length={SETTINGS.max_length}",
-                             f"caption.min_length={SETTINGS.min_length}"])
+                             f"caption.generation.beam_size={SETTINGS.beam_size}",
+                             f"caption.generation.max_length={SETTINGS.max_length}",
+                             f"caption.generation.min_length={SETTINGS.min_length}"])
     out = str(tmp_path / "metrics.json")
     metrics = caption_task.run(cfg, checkpoint=model_dir, out=out)
 

@@ -7,13 +7,14 @@ import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
 from mplug_pretrain.data.cached_features import FeatureCache, build_cached_loader
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.pipeline import build_loader
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.data.transforms import build_eval_transform
 from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards
 from mplug_pretrain.models.vision import states_from_vit_tokens
 from mplug_pretrain.train.caption_data import CaptionImageFormat, CaptionText, prompt_ids
-from mplug_pretrain.train.caption_losses import caption_xe_loss, visual_states
+from mplug_pretrain.train.caption_losses import visual_states
 from mplug_pretrain.train.caption_model import captioner
 from mplug_pretrain.train.feature_cache import build_feature_cache
 
@@ -49,20 +50,23 @@ def _batches(loader):
     return next(iter(loader))
 
 
+def in_order(urls: str, batch_size: int) -> LoaderSpec:
+    return LoaderSpec.evaluation(urls, batch_size, rank=0, world_size=1)
+
+
 def test_cached_features_give_the_loss_of_the_frozen_encoder(shards, model, tokenizer, tmp_path):
     text_fn = CaptionText("a picture of")
     folder = build_feature_cache(model, shards["a"], str(tmp_path), SIZE, log=lambda line: None)
-    cached = _batches(build_cached_loader(shards["a"], FeatureCache(folder), tokenizer, text_fn, max_text_len=30,
-                                          batch_size=12, shuffle=False, rank=0, world_size=1))
+    cached = _batches(build_cached_loader(in_order(shards["a"], 12), FeatureCache(folder), tokenizer, text_fn, 30))
     fmt = CaptionImageFormat(build_eval_transform(SIZE), tokenizer, 30, SIZE, text_fn)
-    images = _batches(build_loader(shards["a"], fmt, batch_size=12, shuffle=False, rank=0, world_size=1))
+    images = _batches(build_loader(in_order(shards["a"], 12), fmt))
     assert cached["__key__"] == images["__key__"] and len(set(cached["__key__"])) == 12
     assert torch.equal(cached["input_ids"], images["input_ids"])
     prompt_length = prompt_ids(tokenizer, "a picture of").shape[1] - 1
     with torch.no_grad():
         reference = model.caption_loss(images["image"], images["input_ids"], images["attention_mask"], prompt_length)
-        from_cache = caption_xe_loss(model, states_from_vit_tokens(model.image_encoder, cached["features"]),
-                                     cached["input_ids"], cached["attention_mask"], prompt_length)
+        from_cache = model.caption_loss_from_states(states_from_vit_tokens(model.image_encoder, cached["features"]),
+                                                    cached["input_ids"], cached["attention_mask"], prompt_length)
     assert abs(from_cache.item() - reference.item()) <= 1e-6
     assert reference.item() > 1.0  # a real loss, not a degenerate zero
 
@@ -71,9 +75,8 @@ def test_one_row_per_image_equal_to_the_vit_output_and_fingerprint_follows_weigh
     folder = build_feature_cache(model, shards["a"], str(tmp_path), SIZE, log=lambda line: None)
     cache = FeatureCache(folder)
     assert len(cache) == 6  # 12 caption samples, 6 images
-    fmt_images = _batches(build_loader(shards["a"], CaptionImageFormat(build_eval_transform(SIZE), load_tokenizer(),
-                                                                       30, SIZE, CaptionText("")),
-                                       batch_size=12, shuffle=False, rank=0, world_size=1))
+    fmt = CaptionImageFormat(build_eval_transform(SIZE), load_tokenizer(), 30, SIZE, CaptionText(""))
+    fmt_images = _batches(build_loader(in_order(shards["a"], 12), fmt))
     with torch.no_grad():
         tokens = model.image_encoder.vit(fmt_images["image"])
     keys = [f"{os.path.abspath(shards['a'])}#{image_id}" for image_id in fmt_images["image_id"].tolist()]
@@ -95,8 +98,7 @@ def test_one_row_per_image_equal_to_the_vit_output_and_fingerprint_follows_weigh
 def test_images_missing_from_the_cache_are_skipped_and_counted(shards, model, tokenizer, tmp_path):
     """Data set b numbers its images 0..5 like a: keys carry the shard, so b finds no features."""
     cache = FeatureCache(build_feature_cache(model, shards["a"], str(tmp_path), SIZE, log=lambda line: None))
-    loader = build_cached_loader(shards["b"], cache, tokenizer, CaptionText("a picture of"), max_text_len=30,
-                                 batch_size=4, shuffle=False, rank=0, world_size=1)
+    loader = build_cached_loader(in_order(shards["b"], 4), cache, tokenizer, CaptionText("a picture of"), 30)
     batches = list(loader)
     assert loader.stats.counts["missing_features"] == 12
     assert all(bool(b["is_pad"].all()) for b in batches)
@@ -104,9 +106,9 @@ def test_images_missing_from_the_cache_are_skipped_and_counted(shards, model, to
 
 def test_frozen_vision_takes_no_gradient(shards, model, tokenizer):
     fmt = CaptionImageFormat(build_eval_transform(SIZE), tokenizer, 30, SIZE, CaptionText("a picture of"))
-    batch = _batches(build_loader(shards["a"], fmt, batch_size=4, shuffle=False, rank=0, world_size=1))
+    batch = _batches(build_loader(in_order(shards["a"], 4), fmt))
     trained = captioner(model.config)
     states = visual_states(trained, batch, [0, 1, 2, 3], freeze_vision=True)
-    caption_xe_loss(trained, states, batch["input_ids"], batch["attention_mask"], 4).backward()
+    trained.caption_loss_from_states(states, batch["input_ids"], batch["attention_mask"], 4).backward()
     assert all(p.grad is None for p in trained.image_encoder.vit.parameters())
     assert trained.decoder.embeddings.word_embeddings.weight.grad is not None

@@ -46,7 +46,7 @@ def test_finetune_caption_cli_runs_xe_then_scst_and_evaluates(tmp_path, small_sh
     args = ["finetune", "caption", "--config", os.path.join(REPO_ROOT, "configs", "caption_demo.yaml"),
             f"init_from={model_dir}", f"caption.train_shards={small_shards['train']}",
             f"caption.val_shards={small_shards['val']}", stages, "caption.final_eval=coco", "data.batch_size=4",
-            "caption.max_length=6", f"run.output_dir={tmp_path}", "run.name=cap"]
+            "caption.generation.max_length=6", f"run.output_dir={tmp_path}", "run.name=cap"]
     proc = run_mplug(args, env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run_dir = tmp_path / "cap"

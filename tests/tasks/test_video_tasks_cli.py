@@ -78,7 +78,8 @@ def test_cli_video_qa(tmp_path, model_dir, videos):
 
 def test_cli_video_caption(tmp_path, model_dir, videos):
     m = run_cli("video-caption", "video_caption.yaml", model_dir, tmp_path / "m.json", *FAST,
-                f"eval.shards={videos}", "eval.beam_size=2", "eval.max_length=5", "eval.min_length=1",
+                f"eval.shards={videos}", "eval.generation.beam_size=2",
+                "eval.generation.max_length=5", "eval.generation.min_length=1",
                 "eval.batch_size=48", "eval.caption_metrics=cider")
     assert (m["task"], m["num_videos"], m["num_scored"]) == ("video-caption", 96, 96)
     assert m["prompt"] == "a video of"

@@ -113,5 +113,5 @@ def test_frozen_parts_get_no_gradient_and_no_dropout(tokenizer):
 def test_config_names_the_bad_vqa_field():
     with pytest.raises(ConfigError, match="vqa.freeze: unknown part 'decoder'"):
         config_from_dict({"vqa": {"freeze": ["decoder"]}}, check_paths=False)
-    with pytest.raises(ConfigError, match="vqa.max_answer_length"):
-        config_from_dict({"vqa": {"max_answer_length": 1}}, check_paths=False)
+    with pytest.raises(ConfigError, match="vqa.generation.max_length"):
+        config_from_dict({"vqa": {"generation": {"max_length": 1}}}, check_paths=False)

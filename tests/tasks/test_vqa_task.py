@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim before timm / open_clip)
+from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.pipeline import build_vqa_loader
 from mplug_pretrain.data.shard_writer import shard_pattern
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
@@ -17,6 +18,7 @@ from mplug_pretrain.data.write_easy_vqa import write_easy_vqa_shards
 from mplug_pretrain.demo.vqa_stage import majority_baseline, read_vqa_answers
 from mplug_pretrain.eval.vqa_accuracy import vqa_accuracy
 from mplug_pretrain.eval.vqa_task import AnswerPredictor, answer_questions
+from mplug_pretrain.models.generation_settings import AnswerSettings
 from mplug_pretrain.models.presets import build_model
 from mplug_pretrain.train.vqa_task import answer_pairs, freeze_pretraining_heads, weighted_answer_loss
 from tests.helpers import REPO_ROOT, call_mplug, read_log, run_mplug
@@ -115,8 +117,8 @@ def trained_toy(shards):
     torch.manual_seed(0)
     tokenizer = load_tokenizer()
     model = freeze_pretraining_heads(build_model("tiny", heads={"use_momentum": False}))
-    loader = build_vqa_loader(shards["train"], batch_size=16, image_size=64, max_text_len=20, tokenizer=tokenizer,
-                              train=False)
+    loader = build_vqa_loader(LoaderSpec.evaluation(shards["train"], 16), tokenizer, image_size=64, max_text_len=20,
+                              augment=False)
     model.eval()
     cache = []
     with torch.no_grad():
@@ -144,13 +146,13 @@ def trained_toy(shards):
 def test_generation_and_ranking_agree_on_a_trained_toy(trained_toy, shards):
     model, tokenizer, last_loss = trained_toy
     assert last_loss < 2.0
-    loader = build_vqa_loader(shards["val"], batch_size=48, image_size=64, max_text_len=20, tokenizer=tokenizer,
-                              train=False)
+    loader = build_vqa_loader(LoaderSpec.evaluation(shards["val"], 48), tokenizer, image_size=64, max_text_len=20,
+                              augment=False)
     device = torch.device("cpu")
-    generated = answer_questions(AnswerPredictor(model, tokenizer, "generate", MAX_ANSWER_LENGTH, 3, 128), loader,
-                                 device)
-    ranked = answer_questions(AnswerPredictor(model, tokenizer, "rank", MAX_ANSWER_LENGTH, 3, 128,
-                                              loader.answer_list), loader, device)
+    settings = AnswerSettings(beam_size=3, max_length=MAX_ANSWER_LENGTH)
+    generated = answer_questions(AnswerPredictor(model, tokenizer, "generate", settings, 128), loader, device)
+    ranked = answer_questions(AnswerPredictor(model, tokenizer, "rank", settings, 128, loader.answer_list), loader,
+                              device)
     assert [r["question_id"] for r in generated] == [r["question_id"] for r in ranked]
     assert len({r["answer"] for r in ranked}) >= 3, "the toy should answer question types differently"
     agreement = sum(g["answer"] == r["answer"] for g, r in zip(generated, ranked)) / len(ranked)

@@ -36,6 +36,8 @@ from mplug_pretrain.models.expansionnet.decoder import (
     check_decoder_config,
     check_decoder_inputs,
     feed_forward,
+    init_and_tie,
+    memory_keys_values,
     select_batch_rows,
 )
 from mplug_pretrain.models.model_config import DecoderConfig
@@ -103,12 +105,8 @@ def causal_key_mask(key_valid: Tensor, t_new: int) -> Tensor:
 
 
 class ACFDecoder(nn.Module):
-    """Decoder head with causal adaptive-clustering self-attention (decoder_api contract).
-
-    forward(input_ids [B, T_new], attention_mask [B, T_past + T_new], memory [B, M, width],
-            memory_mask [B, M], past=None, use_cache=False) -> DecoderOutput(logits [B, T_new, V], past)
-    reorder_cache(past, index [B']) -> past
-    """
+    """Decoder head with causal adaptive-clustering self-attention; ``forward`` and ``reorder_cache`` as
+    ``decoder_api`` states them (the cache: ``ACFDecoderCache``)."""
 
     def __init__(self, cfg: DecoderConfig, vocab_size: int, width: int):
         super().__init__()
@@ -121,22 +119,14 @@ class ACFDecoder(nn.Module):
         self.layers = nn.ModuleList(
             ACFDecoderLayer(width, cfg.heads, cfg.ffn_dim, cfg.dropout, formula) for _ in range(cfg.layers))
         self.lm_head = nn.Linear(width, vocab_size)
-        for p in self.parameters():
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embedding.token.weight
+        init_and_tie(self, cfg.tie_word_embeddings)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, memory: Tensor, memory_mask: Tensor,
                 past: ACFDecoderCache | None = None, use_cache: bool = False) -> DecoderOutput:
         past_len = 0 if past is None else past.length
         check_decoder_inputs(input_ids, attention_mask, None if past is not None else memory, memory_mask,
                              past_len, self.width)
-        if past is None:
-            memory_kv = tuple(layer.cross.project_memory(memory) for layer in self.layers)
-            mem_mask = memory_mask.bool()[:, None, None, :]
-        else:
-            memory_kv, mem_mask = past.memory_kv, past.memory_mask
+        memory_kv, mem_mask = memory_keys_values(self.layers, memory, memory_mask, past)
         allowed = causal_key_mask(attention_mask.bool(), input_ids.shape[1])
         y = self.embedding(input_ids, past_len)
         prior, states = None, []

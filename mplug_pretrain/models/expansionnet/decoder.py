@@ -64,6 +64,25 @@ def select_batch_rows(tree: Any, index: Tensor) -> Any:
     raise TypeError(f"select_batch_rows: unsupported cache entry {type(tree).__name__}")
 
 
+def init_and_tie(decoder: nn.Module, tie: bool) -> None:
+    """ExpansionNet's official init (Xavier-uniform for every matrix), then ``decoder.lm_head`` tied to
+    ``decoder.embedding.token`` when ``tie``."""
+    for p in decoder.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+    if tie:
+        decoder.lm_head.weight = decoder.embedding.token.weight
+
+
+def memory_keys_values(layers: nn.ModuleList, memory: Tensor, memory_mask: Tensor,
+                       past: Any | None) -> tuple[tuple[tuple[Tensor, Tensor], ...], Tensor]:
+    """(per-layer cross-attention (k, v) of the memory, bool memory mask [B, 1, 1, M]): projected on the first
+    call, then read from the cache ``past`` (its ``memory_kv`` and ``memory_mask``)."""
+    if past is not None:
+        return past.memory_kv, past.memory_mask
+    return tuple(layer.cross.project_memory(memory) for layer in layers), memory_mask.bool()[:, None, None, :]
+
+
 class TextEmbedding(nn.Module):
     """Token embedding * sqrt(d) + learned absolute position embedding, dropout (ExpansionNet code).
 
@@ -153,12 +172,8 @@ class ExpansionDecoderCache(NamedTuple):
 
 
 class ExpansionDecoder(nn.Module):
-    """ExpansionNet v2 decoder head implementing the decoder_api contract.
-
-    forward(input_ids [B, T_new], attention_mask [B, T_past + T_new], memory [B, M, width],
-            memory_mask [B, M], past=None, use_cache=False) -> DecoderOutput(logits [B, T_new, V], past)
-    reorder_cache(past, index [B']) -> past
-    """
+    """ExpansionNet v2 decoder head; ``forward`` and ``reorder_cache`` as ``decoder_api`` states them (the
+    cache: ``ExpansionDecoderCache``)."""
 
     def __init__(self, cfg: DecoderConfig, vocab_size: int, width: int):
         super().__init__()
@@ -172,11 +187,7 @@ class ExpansionDecoder(nn.Module):
             for _ in range(cfg.layers))
         self.combination = LayerCombination(width, cfg.layers, cfg.dropout)
         self.lm_head = nn.Linear(width, vocab_size)
-        for p in self.parameters():  # official init: Xavier-uniform for every matrix
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.embedding.token.weight
+        init_and_tie(self, cfg.tie_word_embeddings)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, memory: Tensor, memory_mask: Tensor,
                 past: ExpansionDecoderCache | None = None, use_cache: bool = False) -> DecoderOutput:
@@ -184,11 +195,7 @@ class ExpansionDecoder(nn.Module):
         check_decoder_inputs(input_ids, attention_mask, None if past is not None else memory, memory_mask,
                              past_len, self.width)
         key_valid = attention_mask.bool()
-        if past is None:
-            memory_kv = tuple(layer.cross.project_memory(memory) for layer in self.layers)
-            mem_mask = memory_mask.bool()[:, None, None, :]
-        else:
-            memory_kv, mem_mask = past.memory_kv, past.memory_mask
+        memory_kv, mem_mask = memory_keys_values(self.layers, memory, memory_mask, past)
         y = self.embedding(input_ids, past_len)
         outputs, states = [], []
         for i, layer in enumerate(self.layers):

@@ -58,6 +58,20 @@ def rename_lm_head_key(suffix: str) -> str | None:
     return None
 
 
+def rename_bert_key(key: str) -> str | None:
+    """A BertModel key (no ``bert.`` prefix) -> ours below a text encoder or decoder:
+    'embeddings.LayerNorm.weight' -> 'embeddings.norm.weight', 'encoder.layer.3.output.dense.bias' ->
+    'layers.3.ffn_out.bias'; None for anything else."""
+    if key.startswith("embeddings."):
+        ours = rename_embedding_key(key.removeprefix("embeddings."))
+        return None if ours is None else f"embeddings.{ours}"
+    parts = key.split(".", 3)
+    if len(parts) == 4 and parts[:2] == ["encoder", "layer"] and parts[2].isdigit():
+        ours = rename_layer_key(parts[3])
+        return None if ours is None else f"layers.{parts[2]}.{ours}"
+    return None
+
+
 def read_bert_checkpoint(path: str) -> tuple[dict[str, torch.Tensor], dict]:
     """(state dict without the ``bert.`` prefix, config.json) of a BERT folder (safetensors or torch .bin)."""
     config_file = os.path.join(path, "config.json")

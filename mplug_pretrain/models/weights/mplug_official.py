@@ -11,7 +11,7 @@ text_decoder.bert.embeddings / .encoder.layer.i       decoder.embeddings / decod
 text_decoder.cls.predictions.transform / .bias        decoder.head
 vision_proj[_m], text_proj[_m], temp, queues          itc.*   (itc.queue_count = Q: official queues are full)
 itm_head                                              itm_head.linear
-Layer-internal BERT names are renamed by ``bert_init.BERT_LAYER_KEYS``. Keys that exist officially but
+Names inside those BERT parts are renamed by ``weights/bert.py`` (``rename_bert_key``, ``rename_lm_head_key``). Keys that exist officially but
 are never used (CLIP text tower and projection, unused fusion layers and embeddings, momentum fusion /
 decoder copies, tied LM weights, cross-attention of our connected layers) are listed in ``ignored`` with
 the reason; keys no rule knows are listed in ``unknown``.
@@ -24,7 +24,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mplug_pretrain.models.weights.bert import rename_embedding_key, rename_layer_key, rename_lm_head_key
+from mplug_pretrain.models.weights.bert import rename_bert_key, rename_layer_key, rename_lm_head_key
+
+# official prefix of a BertModel-shaped part (embeddings, encoder.layer.i) -> ours
+BERT_PARTS = [("text_encoder.", "text_encoder."), ("text_encoder_m.", "text_encoder_m."),
+              ("text_decoder.bert.", "decoder.")]
+LM_HEADS = [("text_encoder.cls.predictions.", "mlm_head."), ("text_decoder.cls.predictions.", "decoder.head.")]
 
 IGNORED_PATTERNS = [
     (r"^visual_encoder(_m)?\.visual\.proj$", "CLIP image projection: mPLUG uses the tokens before it"),
@@ -67,15 +72,12 @@ def _rename(key: str, start: int, connected: list[bool]) -> str | tuple[None, st
     if m:
         part = "linear" if m[1] == "visn_fc" else "norm"
         return f"image_encoder{m[2] or ''}.projection.{part}.{m[3]}"
-    m = re.match(r"^(text_encoder(?:_m)?)\.embeddings\.(.+)$", key)
-    if m and rename_embedding_key(m[2]):
-        return f"{m[1]}.embeddings.{rename_embedding_key(m[2])}"
-    m = re.match(r"^(text_encoder(?:_m)?)\.encoder\.layer\.(\d+)\.(.+)$", key)
-    if m and rename_layer_key(m[3]):
-        return f"{m[1]}.layers.{m[2]}.{rename_layer_key(m[3])}"
-    m = re.match(r"^text_encoder\.cls\.predictions\.(.+)$", key)
-    if m and rename_lm_head_key(m[1]):
-        return f"mlm_head.{rename_lm_head_key(m[1])}"
+    for theirs, ours in BERT_PARTS:
+        if key.startswith(theirs) and (renamed := rename_bert_key(key.removeprefix(theirs))):
+            return ours + renamed
+    for theirs, ours in LM_HEADS:
+        if key.startswith(theirs) and (renamed := rename_lm_head_key(key.removeprefix(theirs))):
+            return ours + renamed
     m = re.match(r"^fusion_encoder\.encoder\.layer\.(\d+)\.(.+)$", key)
     if m and rename_layer_key(m[2]):
         j = int(m[1]) - start
@@ -87,15 +89,6 @@ def _rename(key: str, start: int, connected: list[bool]) -> str | tuple[None, st
         if connected[j] and ours.startswith(("cross_attn", "cross_norm")):
             return None, "cross-attention of a connected-attention layer is never run"
         return f"fusion.layers.{j}.{ours}"
-    m = re.match(r"^text_decoder\.bert\.embeddings\.(.+)$", key)
-    if m and rename_embedding_key(m[1]):
-        return f"decoder.embeddings.{rename_embedding_key(m[1])}"
-    m = re.match(r"^text_decoder\.bert\.encoder\.layer\.(\d+)\.(.+)$", key)
-    if m and rename_layer_key(m[2]):
-        return f"decoder.layers.{m[1]}.{rename_layer_key(m[2])}"
-    m = re.match(r"^text_decoder\.cls\.predictions\.(.+)$", key)
-    if m and rename_lm_head_key(m[1]):
-        return f"decoder.head.{rename_lm_head_key(m[1])}"
     m = re.match(r"^(vision_proj|text_proj)(_m)?\.(weight|bias)$", key)
     if m:
         return f"itc.{m[1]}{m[2] or ''}.{m[3]}"

@@ -1,0 +1,65 @@
+"""``LoaderSpec``: what a ``ShardLoader`` reads and in which order, one frozen value passed to the builders of
+``data/pipeline.py`` instead of a dozen keyword arguments.
+
+The other half of a loader is its sample format (``data/formats.py``: decode, transform, tokenize, collate),
+which the public builders make from an image size, a text length and a tokenizer.
+
+    urls               brace pattern(s) of .tar shards; several sources separated by '::'
+    batch_size         per rank
+    num_workers        DataLoader processes (0: in the main process, planned as one worker)
+    mode               "exact" (every sample once per epoch) | "resampled" (shards drawn with replacement)
+    seed, shuffle      the seed of every random choice; shuffle the samples (a shuffle buffer per worker)
+    samples_per_epoch  resampled: the epoch's sample budget over all ranks (default: the manifest totals)
+    weights            resampled: one weight per '::' source
+    epoch, start_batch where the walk starts (resume: the batches of this epoch already consumed)
+    rank, world_size   this process's place; None: torch.distributed, else RANK / WORLD_SIZE, else (0, 1)
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mplug_pretrain.errors import ConfigError
+
+MODES = ("exact", "resampled")
+
+
+@dataclass(frozen=True)
+class LoaderSpec:
+    urls: str
+    batch_size: int
+    num_workers: int = 0
+    mode: str = "exact"
+    seed: int = 0
+    shuffle: bool = True
+    shuffle_buffer: int = 1000
+    samples_per_epoch: int | None = None
+    weights: Sequence[float] | None = None
+    epoch: int = 0
+    start_batch: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+    pin_memory: bool = False
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ConfigError(f"data.mode: {self.mode!r} not in {MODES}")
+        if self.batch_size < 1 or self.num_workers < 0 or self.shuffle_buffer < 1:
+            raise ConfigError(f"data: batch_size {self.batch_size}, num_workers {self.num_workers}, shuffle_buffer "
+                              f"{self.shuffle_buffer}: need >= 1, >= 0, >= 1")
+        if self.mode == "exact" and self.weights is not None:
+            raise ConfigError("data.train_weights: source weights need data.mode=resampled (exact mode reads every "
+                              "sample once)")
+        if self.mode == "exact" and self.samples_per_epoch is not None:
+            raise ConfigError("data.samples_per_epoch: only used with data.mode=resampled")
+
+    @classmethod
+    def evaluation(cls, urls: str, batch_size: int, num_workers: int = 0, rank: int | None = None,
+                   world_size: int | None = None) -> LoaderSpec:
+        """Every sample once, in shard order (this rank's share; padding rows flagged is_pad)."""
+        return cls(urls, batch_size, num_workers, mode="exact", shuffle=False, rank=rank, world_size=world_size)
+
+    @property
+    def workers(self) -> int:
+        """The worker slots the epoch is planned for (num_workers 0 still reads as one slot)."""
+        return max(self.num_workers, 1)

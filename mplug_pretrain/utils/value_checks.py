@@ -1,0 +1,10 @@
+"""Range checks of configuration values; each raises ConfigError naming the dotted field."""
+from __future__ import annotations
+
+from mplug_pretrain.errors import ConfigError
+
+
+def check_positive(value: float, field: str, allow_zero: bool = False) -> None:
+    """``value`` > 0 (>= 0 with ``allow_zero``), else ConfigError("<field>: expected > 0, got <value>")."""
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{field}: expected {'>= 0' if allow_zero else '> 0'}, got {value}")

@@ -1,0 +1,75 @@
+"""The JSON files of a model folder (config.json, preprocessing.json, the decoding settings) are read by the
+run config's typed builder (utils/typed_dataclass.py): a wrong type, an unknown key or an impossible size fails
+when the folder is opened, with a ConfigError naming the file and the dotted field, not later as a TypeError
+or ZeroDivisionError inside the model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.models.config_io import read_model_config, write_model_config
+from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
+from mplug_pretrain.models.mplug import MPLUG
+from mplug_pretrain.models.preprocessing import Preprocessing
+from mplug_pretrain.models.presets import get_preset_config
+
+
+def edit_json(path, section: str | None, key: str, value) -> None:
+    with open(path) as f:
+        data = json.load(f)
+    (data[section] if section else data)[key] = value
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    write_model_config(get_preset_config("tiny"), str(tmp_path / "config.json"))
+    return tmp_path
+
+
+def test_a_written_config_reads_back_equal(folder):
+    assert read_model_config(str(folder / "config.json")) == get_preset_config("tiny")
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("vision", "image_size", "64", "model.vision.image_size: expected int, got str '64'"),
+    ("vision", "imagesize", 64, "model.vision.imagesize: unknown key"),
+    ("vision", "heads", 0, "model.vision.heads: expected > 0, got 0"),
+    ("text", "heads", 0, "model.text.heads: expected > 0, got 0"),
+    ("decoder", "dropout", None, "model.decoder.dropout: expected float"),
+    ("fusion", "type", "full", "model.fusion.type: expected one of"),
+    (None, "vision", [64], "model.vision: expected a mapping"),
+])
+def test_a_bad_config_json_fails_when_the_folder_is_opened(folder, section, key, value, message):
+    edit_json(folder / "config.json", section, key, value)
+    with pytest.raises(ConfigError) as err:
+        MPLUG.from_pretrained(str(folder))  # fails on config.json, before the (absent) weights are read
+    assert str(err.value).startswith(f"{folder / 'config.json'}: {message}")
+
+
+def test_preprocessing_json_is_type_checked_and_needs_an_image_size(tmp_path):
+    Preprocessing(image_size=64).save(str(tmp_path))
+    assert Preprocessing.load(str(tmp_path)) == Preprocessing(image_size=64)
+    edit_json(tmp_path / "preprocessing.json", None, "mean", ["grey", 0.5, 0.5])
+    with pytest.raises(ConfigError, match=r"preprocessing\.json: mean\[0\]: expected float, got str"):
+        Preprocessing.load(str(tmp_path))
+    Preprocessing(image_size=64).save(str(tmp_path))
+    with open(tmp_path / "preprocessing.json") as f:
+        data = {k: v for k, v in json.load(f).items() if k != "image_size"}
+    with open(tmp_path / "preprocessing.json", "w") as f:
+        json.dump(data, f)
+    with pytest.raises(ConfigError, match=r"preprocessing\.json: image_size: required, missing"):
+        Preprocessing.load(str(tmp_path))
+
+
+@pytest.mark.parametrize("settings", [GenerationSettings(prompt="a photo of", beam_size=2),
+                                      AnswerSettings(beam_size=2, max_length=4)])
+def test_decoding_settings_saved_beside_the_weights_round_trip_and_are_type_checked(tmp_path, settings):
+    settings.save(str(tmp_path))
+    assert type(settings).from_model_dir(str(tmp_path)) == settings
+    edit_json(tmp_path / settings.FILE, None, "beam_size", "2")
+    with pytest.raises(ConfigError, match=rf"{settings.FILE}: beam_size: expected int, got str '2'"):
+        type(settings).from_model_dir(str(tmp_path))
