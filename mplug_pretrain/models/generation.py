@@ -6,8 +6,10 @@ Log-probabilities are those of the model at temperature 1 (log softmax of the lo
 greedy_search     argmax decoding with the KV cache.
 beam_search       batched beam search with the cache. Beams are ranked by summed log-prob while searching;
                   a beam that emitted EOS is kept (extended by PAD at zero cost) and competes with the
-                  live ones; the final ranking divides by length ** length_penalty (length = tokens up to
-                  and including EOS). Beam size 1 is exactly greedy.
+                  live ones; the final ranking divides by length ** length_penalty ("power" form; or the
+                  GNMT form ((5 + length) / 6) ** length_penalty; length = tokens up to and including EOS).
+                  It runs until every beam ended, or with early_stopping until the best normalized beam
+                  ended. Beam size 1 is exactly greedy. (The official mPLUG rule: ``beam_official.py``.)
 sample            ``num_samples`` draws per input (temperature, optional top-k / top-p), with their log-probs.
 sequence_log_probs  summed log-probs of given sequences under teacher forcing, WITH gradient (SCST).
 score_candidates  rank candidate answers per input by summed log-prob (optionally prefiltered to the top-k
@@ -86,19 +88,40 @@ def greedy_search(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.T
     return _finish(steps, b, memory.device)
 
 
+LENGTH_PENALTY_FORMS = ("power", "gnmt")
+
+
+def beam_start(memory: torch.Tensor, memory_mask: torch.Tensor, beam_size: int, num_return: int):
+    """memory [B, M, D] -> (memory and memory_mask repeated per beam [B*k, ...], BOS tokens and mask [B*k, 1],
+    summed log-probs [B, k]: 0 for the first beam, -inf for the others, which start identical to it)."""
+    if not 1 <= num_return <= beam_size:
+        raise ValueError(f"num_return must be in [1, beam_size={beam_size}], got {num_return}")
+    memory, memory_mask = memory.repeat_interleave(beam_size, 0), memory_mask.repeat_interleave(beam_size, 0)
+    tokens, mask = _start(memory, memory.shape[0])
+    scores = torch.zeros(memory.shape[0] // beam_size, beam_size, device=memory.device)
+    scores[:, 1:] = float("-inf")
+    return memory, memory_mask, tokens, mask, scores
+
+
+def length_normalizer(lengths: torch.Tensor, length_penalty: float, form: str = "power") -> torch.Tensor:
+    """The divisor of a summed log-prob: length ** length_penalty ("power") or ((5 + length) / 6) ** length_penalty
+    ("gnmt", Wu et al. 2016). lengths: any shape of token counts (EOS included; at least 1 is used)."""
+    lengths = lengths.clamp(min=1).float()
+    if form == "power":
+        return lengths ** length_penalty
+    if form == "gnmt":
+        return ((5.0 + lengths) / 6.0) ** length_penalty
+    raise ValueError(f"length penalty form must be one of {LENGTH_PENALTY_FORMS}, got {form!r}")
+
+
 @torch.no_grad()
 def beam_search(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, beam_size: int = 5,
                 max_length: int = 20, min_length: int = 0, length_penalty: float = 1.0,
-                num_return: int = 1) -> BeamOutput:
+                num_return: int = 1, length_penalty_form: str = "power", early_stopping: bool = False) -> BeamOutput:
     """Batched beam search; returns the ``num_return`` best of ``beam_size`` beams per input."""
-    if not 1 <= num_return <= beam_size:
-        raise ValueError(f"num_return must be in [1, beam_size={beam_size}], got {num_return}")
     b, k = memory.shape[0], beam_size
     n = b * k
-    memory, memory_mask = memory.repeat_interleave(k, 0), memory_mask.repeat_interleave(k, 0)
-    tokens, mask = _start(memory, n)
-    scores = torch.zeros(b, k, device=memory.device)
-    scores[:, 1:] = float("-inf")  # all beams start identical: expand only the first at step 0
+    memory, memory_mask, tokens, mask, scores = beam_start(memory, memory_mask, beam_size, num_return)
     finished = torch.zeros(n, dtype=torch.bool, device=memory.device)
     lengths = torch.zeros(n, dtype=torch.long, device=memory.device)
     sequences = torch.empty(n, 0, dtype=torch.long, device=memory.device)
@@ -116,11 +139,15 @@ def beam_search(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Ten
         sequences = torch.cat([sequences[source], token[:, None]], dim=1)
         lengths = lengths[source] + (~finished[source]).long()
         finished = finished[source] | (token == EOS_ID)
+        if early_stopping:  # an input whose best normalized beam ended stops: freeze all its beams
+            normalized = scores / length_normalizer(lengths.view(b, k), length_penalty, length_penalty_form)
+            best_ended = finished.view(b, k).gather(1, normalized.argmax(1, keepdim=True))
+            finished = (finished.view(b, k) | best_ended).view(-1)
         if bool(finished.all()):
             break
         past = decoder.reorder_cache(past, source)
         tokens, mask = token[:, None], torch.cat([mask[source], torch.ones_like(mask[:, :1])], dim=1)
-    normalized = scores / lengths.view(b, k).clamp(min=1).float() ** length_penalty
+    normalized = scores / length_normalizer(lengths.view(b, k), length_penalty, length_penalty_form)
     order = normalized.argsort(dim=1, descending=True)[:, :num_return]
     best = (torch.arange(b, device=memory.device)[:, None] * k + order).view(-1)
     return BeamOutput(sequences[best].view(b, num_return, -1), normalized.gather(1, order))

@@ -18,10 +18,13 @@ import torch
 from torch import nn
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.generation import BeamOutput, beam_search
+from mplug_pretrain.models.beam_official import mplug_official_beam_search
+from mplug_pretrain.models.generation import LENGTH_PENALTY_FORMS, BeamOutput, beam_search
 from mplug_pretrain.utils.atomic_files import write_json_atomic
 from mplug_pretrain.utils.typed_dataclass import read_json_dataclass
-from mplug_pretrain.utils.value_checks import check_positive
+from mplug_pretrain.utils.value_checks import check_choice, check_positive
+
+BEAM_RULES = ("ours", "mplug_official")
 
 GENERATION_FILE = "caption_generation.json"  # written into fine-tuned model folders
 ANSWER_FILE = "answer_generation.json"  # written into every training run's model/ folder (vqa.generation)
@@ -48,7 +51,13 @@ class GenerationSettings(_SavedBesideWeights):
     beam_size: int = 5
     max_length: int = 20  # generated tokens incl. [SEP] (caption fine-tuning also samples SCST captions this long)
     min_length: int = 3
-    length_penalty: float = 1.0  # beam score = log p / length ** length_penalty
+    length_penalty: float = 1.0  # beam score = log p / length ** length_penalty (the "power" form)
+    length_penalty_form: str = "power"  # or "gnmt": log p / ((5 + length) / 6) ** length_penalty
+    early_stopping: bool = False  # stop an input when its best normalized beam ended (else: when all ended)
+    # "ours": generation.beam_search with the three settings above; "mplug_official": the official mPLUG
+    # TextGenerator rule (beam_official.py), which needs length_penalty_form gnmt and early_stopping true
+    # (length_penalty 0.6 is the official value): what reproduces the paper's caption numbers
+    rule: str = "ours"
 
     def validate(self, prefix: str = "") -> None:
         """Raises ConfigError naming the dotted field (``prefix``: the section, e.g. "caption.generation")."""
@@ -58,11 +67,23 @@ class GenerationSettings(_SavedBesideWeights):
         if not 0 <= self.min_length <= self.max_length:
             raise ConfigError(f"{at}min_length: expected in [0, {at}max_length={self.max_length}], "
                               f"got {self.min_length}")
+        check_positive(self.length_penalty, f"{at}length_penalty", allow_zero=True)
+        check_choice(self.length_penalty_form, LENGTH_PENALTY_FORMS, f"{at}length_penalty_form")
+        check_choice(self.rule, BEAM_RULES, f"{at}rule")
+        if self.rule == "mplug_official" and (self.length_penalty_form != "gnmt" or not self.early_stopping):
+            raise ConfigError(f"{at}rule: mplug_official divides by the GNMT penalty and stops early; set "
+                              f"{at}length_penalty_form: gnmt and {at}early_stopping: true (and "
+                              f"{at}length_penalty: 0.6, the official alpha)")
 
     def beam_search(self, decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor) -> BeamOutput:
         """Captions over memory = fuse(visual states, prompt) [B, M, D] (mask [B, M])."""
+        if self.rule == "mplug_official":
+            return mplug_official_beam_search(decoder, memory, memory_mask, beam_size=self.beam_size,
+                                              max_length=self.max_length, min_length=self.min_length,
+                                              alpha=self.length_penalty)
         return beam_search(decoder, memory, memory_mask, beam_size=self.beam_size, max_length=self.max_length,
-                           min_length=self.min_length, length_penalty=self.length_penalty)
+                           min_length=self.min_length, length_penalty=self.length_penalty,
+                           length_penalty_form=self.length_penalty_form, early_stopping=self.early_stopping)
 
 
 @dataclass

@@ -76,7 +76,7 @@ def test_synthetic_official_checkpoint_loads_strictly(official, tmp_path):
     path = tmp_path / "mplug_tiny.pth"
     torch.save({"model": official, "epoch": 3}, path)
     reloaded = build_model("tiny")
-    load_official_checkpoint(reloaded, str(path), strict=True)
+    load_official_checkpoint(reloaded, str(path), strict=True, stride=1)
     assert reloaded.itc.temp.item() == official["temp"].item()
 
 
@@ -88,3 +88,31 @@ def test_missing_and_mismatched_parts_are_reported(official):
     assert "queue size" in result.ignored["image_queue"] and "itc.queue_count" in result.missing
     with pytest.raises(RuntimeError):
         model.load_state_dict(result.state_dict, strict=True)
+
+
+def test_stride_or_width_of_another_model_is_refused_before_loading(official, tmp_path):
+    config = tmp_path / "config_bert_stride3.json"
+    config.write_text(f'{{"hidden_size": {WIDTH}, "stride_layer": 3}}')
+    model = build_model("tiny")  # 2 fusion layers at stride 1: C X; stride 3 would be C C
+    before = model.fusion.layers[0].ffn_norm.weight.clone()
+    with pytest.raises(ValueError, match="stride 3 .*model.fusion.stride=3"):
+        load_official_checkpoint(model, official, official_config=str(config))
+    with pytest.raises(ValueError, match="width 768"):
+        load_official_checkpoint(model, official, official_config={"hidden_size": 768, "stride_layer": 1})
+    assert torch.equal(model.fusion.layers[0].ffn_norm.weight, before)  # nothing loaded
+    with pytest.warns(UserWarning, match="stride not checked"):
+        load_official_checkpoint(model, official)
+    load_official_checkpoint(model, official, official_config={"hidden_size": WIDTH, "stride_layer": 1})
+
+
+def test_momentum_encoders_absent_from_the_checkpoint_start_as_online_copies(official):
+    caption_only = {k: v for k, v in official.items()
+                    if not k.startswith(("visual_encoder_m.", "text_encoder_m.", "vision_proj_m.", "text_proj_m."))}
+    model = build_model("tiny")
+    result = load_official_checkpoint(model, caption_only, stride=1)
+    assert len(result.momentum_from_online) == sum("_m." in k for k in model.state_dict())
+    own = model.state_dict()
+    for key in result.momentum_from_online:
+        assert torch.equal(own[key], own[key.replace("_m.", ".", 1)]), key
+    assert torch.equal(own["image_encoder_m.vit.conv1.weight"], official["visual_encoder.visual.conv1.weight"])
+    assert "momentum copied from the online weights" in describe(result)

@@ -15,15 +15,24 @@ Names inside those BERT parts are renamed by ``weights/bert.py`` (``rename_bert_
 are never used (CLIP text tower and projection, unused fusion layers and embeddings, momentum fusion /
 decoder copies, tied LM weights, cross-attention of our connected layers) are listed in ``ignored`` with
 the reason; keys no rule knows are listed in ``unknown``.
+
+Checks before loading: the fusion stride (not recorded in the weights: read from the official
+``config_bert*.json``'s ``stride_layer`` or stated by the caller) and width must match the model's, else a
+ValueError says which setting to use. Momentum encoders absent from the checkpoint (caption / VQA checkpoints)
+start as copies of the online ones, as the official model does when built, and ``describe`` says so.
 """
 from __future__ import annotations
 
+import json
 import re
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from mplug_pretrain.errors import DataError
+from mplug_pretrain.models.fusion import fusion_schedule, schedule_pattern
 from mplug_pretrain.models.weights.bert import rename_bert_key, rename_layer_key, rename_lm_head_key
 
 # official prefix of a BertModel-shaped part (embeddings, encoder.layer.i) -> ours
@@ -49,6 +58,9 @@ class ConversionResult:
     ignored: dict[str, str] = field(default_factory=dict)  # official key -> why it is not used
     unknown: list[str] = field(default_factory=list)  # official keys no rule maps
     missing: list[str] = field(default_factory=list)  # our keys the checkpoint did not provide
+    # momentum keys the checkpoint lacked, copied from their online counterparts (as the official model does
+    # when it is built: copy_params) instead of being left at their random start
+    momentum_from_online: list[str] = field(default_factory=list)
 
 
 def read_official_checkpoint(path: str) -> dict[str, torch.Tensor]:
@@ -149,12 +161,63 @@ def _convert_itc_state(result: ConversionResult, model: nn.Module) -> None:
     sd["itc.queue_count"] = torch.tensor(itc.queue_size, dtype=torch.long)
 
 
-def load_official_checkpoint(model: nn.Module, source: str | dict[str, torch.Tensor],
-                             strict: bool = False) -> ConversionResult:
-    """Convert and load into ``model``. strict=True also fails when any of our keys was not provided."""
+def read_official_config(path: str) -> dict:
+    """The official BERT config JSON (``config_bert_stride3.json`` ...): plain JSON, never code."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path}: not a readable official BERT config JSON ({err})") from err
+    if not isinstance(config, dict):
+        raise DataError(f"{path}: expected a JSON object (the official config_bert*.json)")
+    return config
+
+
+def check_official_layout(model: nn.Module, official_config: dict | None, stride: int | None) -> None:
+    """Refuse a checkpoint whose fusion stride or width differs from ``model``'s. The weights do not record the
+    stride (every official fusion layer keeps its cross-attention), so it comes from the official config's
+    ``stride_layer`` or from ``stride``; with neither, warn that it was not checked."""
+    config = official_config or {}
+    width = config.get("hidden_size")
+    own_width = model.fusion.layers[0].ffn_norm.normalized_shape[0]
+    if width is not None and width != own_width:
+        raise ValueError(f"official checkpoint width {width} (hidden_size) differs from the model's {own_width}: "
+                         "use the preset of the official model (base: 768)")
+    official_stride = config.get("stride_layer", stride)
+    if stride is not None and official_stride != stride:
+        raise ValueError(f"stride {stride} given, but the official config says stride_layer {official_stride}")
+    if official_stride is None:
+        warnings.warn("official checkpoint: fusion stride not checked (the weights do not record it); pass the "
+                      "official config_bert*.json or its stride_layer (base 3, large 6)", stacklevel=3)
+        return
+    theirs = fusion_schedule(len(model.fusion.layers), int(official_stride), "code")
+    if theirs != list(model.fusion.schedule):
+        raise ValueError(f"official checkpoint has fusion stride {official_stride} "
+                         f"({schedule_pattern(theirs)}), the model's fusion is {schedule_pattern(model.fusion.schedule)}: "
+                         f"set model.fusion.stride={official_stride} (schedule_rule code)")
+
+
+def fill_momentum_from_online(result: ConversionResult, own: dict[str, torch.Tensor]) -> None:
+    """Copy online weights into momentum keys (``*_m.*``) the checkpoint did not provide."""
+    for key in list(result.missing):
+        online = key.replace("_m.", ".", 1)
+        if "_m." in key and online in result.state_dict and result.state_dict[online].shape == own[key].shape:
+            result.state_dict[key] = result.state_dict[online].clone()
+            result.momentum_from_online.append(key)
+            result.missing.remove(key)
+
+
+def load_official_checkpoint(model: nn.Module, source: str | dict[str, torch.Tensor], strict: bool = False,
+                             official_config: str | dict | None = None, stride: int | None = None) -> ConversionResult:
+    """Convert and load into ``model``. strict=True also fails when any of our keys was not provided.
+    official_config: the official BERT config (path or dict) or ``stride``: checked against the model's fusion."""
+    if isinstance(official_config, str):
+        official_config = read_official_config(official_config)
+    check_official_layout(model, official_config, stride)
     official = read_official_checkpoint(source) if isinstance(source, str) else source
     result = convert_official_state_dict(official, model)
     own = model.state_dict()
+    fill_momentum_from_online(result, own)
     bad = [k for k, v in result.state_dict.items() if v.shape != own[k].shape]
     if bad:
         raise ValueError("official checkpoint shapes differ from the model config: "
@@ -172,6 +235,9 @@ def describe(result: ConversionResult, limit: int | None = 20) -> str:
     lines += [f"ignored {n}: {why}" for why, n in sorted(reasons.items())]
     if result.unknown:
         lines.append(f"unknown {len(result.unknown)}: {', '.join(result.unknown[:limit])}")
+    if result.momentum_from_online:
+        lines.append(f"momentum copied from the online weights (not in the checkpoint) "
+                     f"{len(result.momentum_from_online)}: {', '.join(result.momentum_from_online[:limit])}")
     if result.missing:
         lines.append(f"missing (kept as initialized) {len(result.missing)}: {', '.join(result.missing[:limit])}")
     return "\n".join(lines)
