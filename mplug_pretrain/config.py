@@ -150,6 +150,17 @@ class VQAConfig:
 
 
 @dataclass
+class ClassificationTaskConfig:
+    """`mplug finetune snli-ve|nlvr2` (train/classify_task.py) and `mplug eval snli-ve|nlvr2` (eval/classify_task.py):
+    a classifier on the fused text [CLS] (models/heads/classifier.py); steps are optim.max_steps."""
+    train_shards: str | None = None  # `make-shards snli-ve|nlvr2` shards
+    val_shards: str | None = None  # accuracy after fine-tuning and by `mplug eval`
+    image_size: int | None = None  # fine-tuning resolution (ViT positions resized); default: init_from's
+    augment: bool = False  # RandomResizedCrop + RandAugment on training images
+    freeze: list[str] = field(default_factory=list)  # image_encoder | text_encoder | fusion, kept frozen
+
+
+@dataclass
 class EvalConfig:
     """`mplug eval retrieval|video-retrieval|video-qa|video-caption`. Input: ``shards`` (our shards), or
     ``annotations`` (the data set's own file) with its files under ``image_root`` / ``video_root``."""
@@ -189,11 +200,21 @@ class Config:
     caption: CaptionConfig = field(default_factory=CaptionConfig)
     vqa: VQAConfig = field(default_factory=VQAConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    snli_ve: ClassificationTaskConfig = field(default_factory=ClassificationTaskConfig)
+    nlvr2: ClassificationTaskConfig = field(default_factory=ClassificationTaskConfig)
     init_from: str | None = None  # a pretrained model folder (save_pretrained / mplug export)
 
     @property
     def run_dir(self) -> str:
         return os.path.join(self.run.output_dir, self.run.name)
+
+
+def _validate_classification(task: ClassificationTaskConfig, section: str) -> None:
+    unknown = [name for name in task.freeze if name not in VQA_FREEZABLE]
+    if unknown:
+        raise ConfigError(f"{section}.freeze: unknown part {unknown[0]!r} (known: {', '.join(VQA_FREEZABLE)})")
+    if task.image_size is not None:
+        check_positive(task.image_size, f"{section}.image_size")
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None,
@@ -291,6 +312,8 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
         raise ConfigError(f"vqa.freeze: unknown part {unknown[0]!r} (known: {', '.join(VQA_FREEZABLE)})")
     if cfg.vqa.image_size is not None:
         check_positive(cfg.vqa.image_size, "vqa.image_size")
+    for section in ("snli_ve", "nlvr2"):
+        _validate_classification(getattr(cfg, section), section)
     _validate_caption(cfg.caption)
     if check_paths:
         for name, value in (("data.train_shards", d.train_shards), ("data.val_shards", d.val_shards),

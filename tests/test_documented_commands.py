@@ -164,10 +164,18 @@ def workspace(tmp_path_factory):
     _write_json(str(root / "v2_OpenEnded_mscoco_train2014_questions.json"), {"questions": questions})
     _write_json(str(root / "v2_mscoco_train2014_annotations.json"), {"annotations": answers})
     _write_json(str(root / "answer_list.json"), ["cat", "dog"])
+    _write_jpeg(str(root / "flickr30k-images" / "1000.jpg"), 7)  # SNLI-VE: the original jsonl over Flickr30K
+    with open(root / "snli_ve_train.jsonl", "w") as f:
+        f.write(json.dumps({"Flickr30K_ID": "1000", "sentence2": "A photo.", "gold_label": "entailment"}) + "\n")
+    for side in ("img0", "img1"):  # NLVR2: the release's JSON-lines train.json and numbered image folders
+        _write_jpeg(str(root / "nlvr2" / "images" / "train" / "3" / f"train-10-0-{side}.png"), 8)
+    os.makedirs(root / "nlvr2" / "data")
+    with open(root / "nlvr2" / "data" / "train.json", "w") as f:
+        f.write(json.dumps({"identifier": "train-10-0-0", "sentence": "Two photos.", "label": "True"}) + "\n")
     torch.manual_seed(0)
     model = build_model("tiny")
     for folder in (MODEL_FOLDER, "runs/pretrain_base/model", "runs/demo/pretrain/model", "runs/pretrain_a/model",
-                   "runs/pretrain_b/model"):
+                   "runs/pretrain_b/model", "runs/snli_ve_base/model"):
         model.save_pretrained(str(root / folder))
     cwd = os.getcwd()
     os.chdir(root)

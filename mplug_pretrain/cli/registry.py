@@ -9,6 +9,9 @@ Nothing is filtered: every entry is offered. ``mplug submit`` reads its task nam
 """
 from __future__ import annotations
 
+from functools import partial
+from types import SimpleNamespace
+
 
 def _finetune_caption():
     from mplug_pretrain.train import caption_task
@@ -20,9 +23,18 @@ def _finetune_vqa():
     return vqa_task
 
 
+def _finetune_classification(task: str):
+    def load():
+        from mplug_pretrain.train import classify_task
+        return SimpleNamespace(run=partial(classify_task.run, task=task))
+    return load
+
+
 FINETUNE_TASKS = {  # `mplug finetune <task>`
     "caption": _finetune_caption,
     "vqa": _finetune_vqa,
+    "snli-ve": _finetune_classification("snli-ve"),
+    "nlvr2": _finetune_classification("nlvr2"),
 }
 
 
@@ -56,9 +68,18 @@ def _eval_video_caption():
     return video_caption_task
 
 
+def _eval_classification(task: str):
+    def load():
+        from mplug_pretrain.eval import classify_task
+        return SimpleNamespace(run=partial(classify_task.run, task=task))
+    return load
+
+
 EVAL_TASKS = {  # `mplug eval <task>`
     "caption": _eval_caption,
     "vqa": _eval_vqa,
+    "snli-ve": _eval_classification("snli-ve"),
+    "nlvr2": _eval_classification("nlvr2"),
     "retrieval": _eval_retrieval,
     "video-retrieval": _eval_video_retrieval,
     "video-qa": _eval_video_qa,

@@ -70,9 +70,14 @@ def load_json(path: str):
 
 
 def load_records(path: str) -> list:
-    """A JSON list, or JSON Lines (one object per line) when the file ends in ``.jsonl``."""
+    """A JSON list, or JSON Lines (one object per line): when the file ends in ``.jsonl``, or when its text is not
+    one JSON document (NLVR2's ``train.json`` is JSON Lines)."""
     if not path.endswith(".jsonl"):
-        return load_json(path)
+        try:
+            return load_json(path)
+        except DataError as err:
+            if not isinstance(err.__cause__, json.JSONDecodeError) or "Extra data" not in str(err.__cause__):
+                raise
     records = []
     with open(path) as f:
         for line_no, line in enumerate(f, 1):

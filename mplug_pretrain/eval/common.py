@@ -52,3 +52,9 @@ def beside_metrics(metrics_path: str, name: str) -> str:
 def write_metrics(path: str, metrics) -> None:
     """The metrics (or predictions) JSON, indented, written atomically (parent folders made)."""
     write_json_atomic(path, metrics)
+
+
+def real_rows(batch: dict) -> tuple[list[int], torch.Tensor]:
+    """The positions of a batch's real (non-filler) examples, as a list and as an index tensor."""
+    keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
+    return keep, torch.tensor(keep, dtype=torch.long)

@@ -27,6 +27,7 @@ from mplug_pretrain.eval.common import (
     eval_device,
     load_eval_model,
     metrics_path,
+    real_rows,
     write_metrics,
 )
 from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa, write_vqa_submission
@@ -64,10 +65,9 @@ def answer_questions(predictor: AnswerPredictor, loader, device: torch.device, a
     """-> one record per real question: question_id, question, answer, all_answers (human answers)."""
     records = []
     for batch in loader:
-        keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
+        keep, rows = real_rows(batch)
         if not keep:
             continue
-        rows = torch.tensor(keep)
         with autocast or contextlib.nullcontext():
             answers = predictor(batch["image"][rows].to(device), batch["question_input_ids"][rows].to(device),
                                 batch["question_attention_mask"][rows].to(device))

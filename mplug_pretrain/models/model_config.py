@@ -101,6 +101,10 @@ class HeadsConfig:
     mlm_probability: float = 0.15
     prefix_min_tokens: int = 1  # PrefixLM split point rule parameters (see heads/prefix_lm)
     loss_weights: dict = field(default_factory=lambda: {"itc": 1.0, "itm": 1.0, "mlm": 1.0, "prefixlm": 1.0})
+    # fine-tuned classification head (heads/classifier.py; SNLI-VE: 3 classes, 1 image; NLVR2: 2 classes,
+    # 2 images); 0 = none. Set by `mplug finetune snli-ve|nlvr2`, kept in the model folder's config.json.
+    classifier_classes: int = 0
+    classifier_images: int = 1
 
 
 # sizes that must be > 0: a zero would fail later as a ZeroDivisionError or an empty tensor
@@ -143,6 +147,8 @@ class ModelConfig:
             raise ConfigError(f"{prefix}.text.width: {t.width} not divisible by heads {t.heads}")
         if t.width % self.decoder.heads:
             raise ConfigError(f"{prefix}.decoder.heads: text width {t.width} not divisible by {self.decoder.heads}")
+        check_positive(self.heads.classifier_classes, f"{prefix}.heads.classifier_classes", allow_zero=True)
+        check_positive(self.heads.classifier_images, f"{prefix}.heads.classifier_images")
         if not 0.0 <= self.heads.momentum < 1.0:
             raise ConfigError(f"{prefix}.heads.momentum: expected in [0, 1), got {self.heads.momentum}")
         if not 0.0 < self.heads.mlm_probability < 1.0:

@@ -29,6 +29,7 @@ from mplug_pretrain.models.bert_decoder import BertDecoder
 from mplug_pretrain.models.config_io import CONFIG_FILE, read_model_config, write_model_config
 from mplug_pretrain.models.decoder_factory import build_decoder
 from mplug_pretrain.models.fusion import build_fusion
+from mplug_pretrain.models.heads.classifier import FusedClassifier
 from mplug_pretrain.models.heads.itc import ImageTextContrastive
 from mplug_pretrain.models.heads.itm import ImageTextMatchingHead, sample_hard_negatives
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead
@@ -61,6 +62,9 @@ class MPLUG(InferenceMixin, nn.Module):
         self.itc = ImageTextContrastive(t.width, h.embed_dim, h.temperature, h.queue_size, momentum=h.use_momentum)
         self.itm_head = ImageTextMatchingHead(t.width)
         self.mlm_head = LMPredictionHead(t.width, t.vocab_size, tied=True)
+        self.classifier: FusedClassifier | None = None
+        if h.classifier_classes:
+            self.classifier = FusedClassifier(t.width, h.classifier_classes, h.classifier_images)
         self._init_bert_style()
         self._load_pretrained_parts()
         self.image_encoder_m: ImageEncoder | None = None
@@ -77,12 +81,13 @@ class MPLUG(InferenceMixin, nn.Module):
     # ----------------------------------------------------------------- construction helpers
     def _init_bert_style(self) -> None:
         """BERT init (N(0, 0.02) weights, zero biases, unit LayerNorms) for everything BERT-initialized in mPLUG."""
-        parts = [self.text_encoder, self.fusion, self.itc.vision_proj, self.itc.text_proj, self.itm_head, self.mlm_head]
+        parts = [self.text_encoder, self.fusion, self.itc.vision_proj, self.itc.text_proj, self.itm_head, self.mlm_head,
+                 self.classifier]
         if isinstance(self.decoder, BertDecoder):
             parts.append(self.decoder)
         if self.image_encoder.projection is not None:
             parts.append(self.image_encoder.projection)
-        for part in parts:
+        for part in filter(None, parts):
             for module in part.modules():
                 if isinstance(module, (nn.Linear, nn.Embedding)):
                     nn.init.normal_(module.weight, std=0.02)
@@ -155,6 +160,27 @@ class MPLUG(InferenceMixin, nn.Module):
                prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder memory for captioning / VQA: image + prompt (e.g. "[CLS] a picture of [SEP]" or a question)."""
         return self.memory_from_states(self.encode_image(image), None, prompt_ids, prompt_mask)
+
+    # ----------------------------------------------------------------- classification (SNLI-VE, NLVR2)
+    def add_classifier(self, classes: int, images: int = 1) -> None:
+        """Attach a freshly initialised (BERT-style) ``FusedClassifier``; recorded in the config, so a saved folder
+        rebuilds it."""
+        self.config.heads.classifier_classes, self.config.heads.classifier_images = classes, images
+        self.classifier = FusedClassifier(self.config.text.width, classes, images)
+        for linear in (self.classifier.hidden, self.classifier.out):
+            nn.init.normal_(linear.weight, std=0.02)
+            nn.init.zeros_(linear.bias)
+
+    def classify(self, images: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """images [B, I, 3, H, W], statement ids / mask [B, T] -> logits [B, C]. The statement is encoded once and
+        fused with each image separately (heads/classifier.py)."""
+        if self.classifier is None:
+            raise RuntimeError("classify: this model has no classifier head (heads.classifier_classes is 0)")
+        b, i = images.shape[:2]
+        text = self.encode_text(input_ids, attention_mask).repeat_interleave(i, 0)
+        _, fused = self.fuse(self.encode_image(images.flatten(0, 1)), None, text,
+                             attention_mask.repeat_interleave(i, 0))
+        return self.classifier(fused[:, 0].view(b, i, -1))
 
     # ----------------------------------------------------------------- pretraining
     def forward(self, batch: dict, alpha: float | None = None) -> dict[str, torch.Tensor]:

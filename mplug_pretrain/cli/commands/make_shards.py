@@ -1,4 +1,4 @@
-"""``mplug make-shards synthetic|coco|csv|vqa|video ... --out DIR``: argument parsing only; each
+"""``mplug make-shards synthetic|coco|csv|vqa|snli-ve|nlvr2|video ... --out DIR``: argument parsing only; each
 sub-command calls one ``write_*`` function and prints what it wrote."""
 from __future__ import annotations
 
@@ -59,6 +59,23 @@ def run_synthetic(args) -> int:
     return _report(args, entry)
 
 
+def run_classification(args) -> int:
+    """``make-shards snli-ve|nlvr2``: --synthetic scenes, or --annotations + --images (the public files)."""
+    from mplug_pretrain.data import write_classification as w
+    if args.synthetic:
+        write = w.write_synthetic_snli_ve if args.source == "snli-ve" else w.write_synthetic_nlvr2
+        entry = write(args.out, num=args.num, seed=args.seed, image_size=args.image_size, name=args.name,
+                      **_sizes(args))
+    else:
+        if not args.annotations or not args.images:
+            raise ConfigError(f"make-shards {args.source}: --annotations and --images are required "
+                              "(or --synthetic)")
+        write = w.write_snli_ve if args.source == "snli-ve" else w.write_nlvr2
+        entry = write(args.annotations, args.images, args.out, name=args.name, max_side=args.max_image_side,
+                      **_sizes(args))
+    return _report(args, entry)
+
+
 def run_coco(args) -> int:
     from mplug_pretrain.data.write_coco import write_coco_shards
     return _report(args, write_coco_shards(args.annotations, args.images, args.out, split=args.split, layout=args.layout,
@@ -101,7 +118,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("make-shards", help="write WebDataset tar shards + manifest.json",
                                    description="Write WebDataset shards (NAME-%06d.tar) and a manifest.json with "
                                                "per-shard sample counts.")
-    kinds = parser.add_subparsers(dest="source", required=True, metavar="synthetic|coco|csv|vqa|video")
+    kinds = parser.add_subparsers(dest="source", required=True, metavar="synthetic|coco|csv|vqa|snli-ve|nlvr2|video")
 
     p = kinds.add_parser("synthetic", help="procedural shapes (images) or moving shapes (mp4 videos)")
     _common(p, "synthetic")
@@ -148,6 +165,20 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-questions", type=int, default=None, help="easy-vqa: seeded subset of this size")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run_vqa)
+
+    for task, what in (("snli-ve", "SNLI-VE jsonl (or ALBEF ve_*.json) + Flickr30K images"),
+                       ("nlvr2", "NLVR2 json lines (or ALBEF nlvr_*.json) + image pairs")):
+        p = kinds.add_parser(task, help=f"{what}, or --synthetic scenes")
+        _common(p, task.replace("-", "_"))
+        p.add_argument("--max-image-side", type=int, default=None,
+                       help="re-encode larger images as JPEG with this longer side (default: copy bytes)")
+        p.add_argument("--annotations", default=None, help="the annotation file")
+        p.add_argument("--images", default=None, help="image root (files found by name anywhere under it)")
+        p.add_argument("--synthetic", action="store_true", help="statements about synthetic scenes instead")
+        p.add_argument("--num", type=int, default=1000, help="--synthetic: examples")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--image-size", type=int, default=64)
+        p.set_defaults(func=run_classification)
 
     p = kinds.add_parser("video", help="folder of videos + captions/QA JSON (raw file bytes)")
     _common(p, "video")
