@@ -50,14 +50,17 @@ def test_single_process_cases():
 
 SCRIPT = """
 import json
+import sys
 import torch
 import torch.distributed as dist
 from mplug_pretrain.train.distributed import init_distributed, shutdown_distributed
 info = init_distributed(backend="auto", timeout_minutes=2)
 value = torch.tensor([float(10 ** info.rank)])
 dist.all_reduce(value)
-print("RESULT " + json.dumps({"rank": info.rank, "world": info.world_size, "local": info.local_rank,
-                              "launcher": info.launcher, "sum": value.item(), "backend": dist.get_backend()}))
+# one file per rank: two ranks printing to one pipe can interleave their lines
+with open(f"{sys.argv[1]}/rank{info.rank}.json", "w") as f:
+    json.dump({"rank": info.rank, "world": info.world_size, "local": info.local_rank,
+               "launcher": info.launcher, "sum": value.item(), "backend": dist.get_backend()}, f)
 shutdown_distributed()
 """
 # torchvision wheels here are CUDA builds and accelerate's CLI imports torchvision: install our shim first
@@ -77,11 +80,10 @@ def test_accelerate_launch_two_cpu_processes_all_reduce(tmp_path):
     # (its --cpu mode starts one, or several only through an mpirun hostfile)
     proc = subprocess.run([sys.executable, "-c", ACCELERATE, "launch", "--multi_gpu", "--num_processes", "2",
                            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                           "--main_process_port", "0", str(script)],
+                           "--main_process_port", "0", str(script), str(tmp_path)],
                           check=False, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in proc.stdout.splitlines()
-                      if line.startswith("RESULT ")), key=lambda r: r["rank"])
+    results = [json.loads(path.read_text()) for path in sorted(tmp_path.glob("rank*.json"))]
     assert [r["rank"] for r in results] == [0, 1] and [r["local"] for r in results] == [0, 1]
     for r in results:
         assert r["world"] == 2 and r["launcher"] == "accelerate" and r["backend"] == "gloo"
