@@ -150,6 +150,16 @@ class VQAConfig:
 
 
 @dataclass
+class RetrievalFinetuneConfig:
+    """`mplug finetune retrieval` (train/retrieval_task.py): ITC (momentum queues carrying image ids: captions of one
+    image are never negatives) + ITM with hard negatives, then `mplug eval retrieval` of the final model."""
+    train_shards: str | None = None  # pair layout (one sample per caption, json.image_id shared by an image's captions)
+    val_shards: str | None = None  # image layout (json.captions), evaluated with eval.k_test / eval.rerank_score
+    image_size: int | None = None  # fine-tuning resolution (ViT positions resized); default: init_from's
+    augment: bool = True  # RandomResizedCrop + RandAugment (ALBEF / mPLUG retrieval fine-tuning)
+
+
+@dataclass
 class ClassificationTaskConfig:
     """`mplug finetune snli-ve|nlvr2` (train/classify_task.py) and `mplug eval snli-ve|nlvr2` (eval/classify_task.py):
     a classifier on the fused text [CLS] (models/heads/classifier.py); steps are optim.max_steps."""
@@ -200,6 +210,7 @@ class Config:
     caption: CaptionConfig = field(default_factory=CaptionConfig)
     vqa: VQAConfig = field(default_factory=VQAConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    retrieval: RetrievalFinetuneConfig = field(default_factory=RetrievalFinetuneConfig)
     snli_ve: ClassificationTaskConfig = field(default_factory=ClassificationTaskConfig)
     nlvr2: ClassificationTaskConfig = field(default_factory=ClassificationTaskConfig)
     init_from: str | None = None  # a pretrained model folder (save_pretrained / mplug export)
@@ -314,6 +325,8 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
         check_positive(cfg.vqa.image_size, "vqa.image_size")
     for section in ("snli_ve", "nlvr2"):
         _validate_classification(getattr(cfg, section), section)
+    if cfg.retrieval.image_size is not None:
+        check_positive(cfg.retrieval.image_size, "retrieval.image_size")
     _validate_caption(cfg.caption)
     if check_paths:
         for name, value in (("data.train_shards", d.train_shards), ("data.val_shards", d.val_shards),

@@ -30,9 +30,15 @@ def _finetune_classification(task: str):
     return load
 
 
+def _finetune_retrieval():
+    from mplug_pretrain.train import retrieval_task
+    return retrieval_task
+
+
 FINETUNE_TASKS = {  # `mplug finetune <task>`
     "caption": _finetune_caption,
     "vqa": _finetune_vqa,
+    "retrieval": _finetune_retrieval,
     "snli-ve": _finetune_classification("snli-ve"),
     "nlvr2": _finetune_classification("nlvr2"),
 }
