@@ -231,7 +231,7 @@ def _validate_classification(task: ClassificationTaskConfig, section: str) -> No
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None,
-                check_paths: bool = True) -> Config:
+                check_paths: bool | Literal["eval"] = True) -> Config:
     """Resolve file + overrides into a validated Config (raises ConfigError)."""
     raw: dict = {}
     if path is not None:
@@ -248,7 +248,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None,
     return config_from_dict(raw, check_paths=check_paths)
 
 
-def config_from_dict(raw: dict, check_paths: bool = True) -> Config:
+def config_from_dict(raw: dict, check_paths: bool | Literal["eval"] = True) -> Config:
     cfg = Config()
     preset = (raw.get("model") or {}).get("preset") if isinstance(raw.get("model"), dict) else None
     if preset is not None:
@@ -276,7 +276,10 @@ def _refuse_nan(obj, prefix: str) -> None:
                 raise ConfigError(f"{name}: expected a number, got nan")
 
 
-def validate(cfg: Config, check_paths: bool = True) -> None:
+def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
+    """Every check; ``check_paths``: the files every path field names must exist (True), only those an
+    evaluation reads (``"eval"``: eval.*, the val shards, answer list and tokenizer; not the training shards),
+    or none (False)."""
     _refuse_nan(cfg, "")
     cfg.model.validate("model")
     d, o, dist, r = cfg.data, cfg.optim, cfg.distributed, cfg.run
@@ -357,12 +360,12 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
         check_positive(cfg.retrieval.image_size, "retrieval.image_size")
     _validate_caption(cfg.caption)
     if check_paths:
-        for name, value in (("data.train_shards", d.train_shards), ("data.val_shards", d.val_shards),
-                            ("distributed.template", dist.template), ("init_from", cfg.init_from),
-                            ("caption.train_shards", cfg.caption.train_shards),
-                            ("caption.coco_json", cfg.caption.coco_json),
-                            ("vqa.train_shards", cfg.vqa.train_shards), ("vqa.val_shards", cfg.vqa.val_shards),
-                            ("vqa.answer_list", cfg.vqa.answer_list)):
+        training = (("data.train_shards", d.train_shards), ("distributed.template", dist.template),
+                    ("init_from", cfg.init_from), ("caption.train_shards", cfg.caption.train_shards),
+                    ("caption.coco_json", cfg.caption.coco_json), ("vqa.train_shards", cfg.vqa.train_shards))
+        evaluation = (("data.val_shards", d.val_shards), ("caption.val_shards", cfg.caption.val_shards),
+                      ("vqa.val_shards", cfg.vqa.val_shards), ("vqa.answer_list", cfg.vqa.answer_list))
+        for name, value in (evaluation if check_paths == "eval" else training + evaluation):
             if value is not None:
                 check_path(value, name)
 
