@@ -92,13 +92,13 @@ def _wait_for_records(run_dir, victim, count: int, timeout: float = 400) -> None
 
 def test_sigterm_to_the_process_group_checkpoints_and_resumes(tmp_path):
     shards = write_shards(str(tmp_path / "shards"), shards=2)
-    steps = 12
+    steps = 6  # few: on a busy 2-core machine each step and each process start takes seconds
     args = train_args(tmp_path, shards, "term", steps=steps, extra=["run.log_every=1"])
     run_dir = tmp_path / "term"
     victim = subprocess.Popen([sys.executable, "-m", "mplug_pretrain", *args], cwd=REPO_ROOT,
                               start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for_records(run_dir, victim, 2)
+        _wait_for_records(run_dir, victim, 1)
         os.killpg(victim.pid, signal.SIGTERM)  # the main process and its DataLoader worker, as scancel does
         out, err = victim.communicate(timeout=300)
     finally:
@@ -109,7 +109,7 @@ def test_sigterm_to_the_process_group_checkpoints_and_resumes(tmp_path):
     assert (run_dir / "preempted").read_text().strip() == "SIGTERM"
     tag = (run_dir / "checkpoints" / "latest").read_text().strip()
     stopped_at = int(tag.removeprefix("step"))
-    assert 2 <= stopped_at < steps
+    assert 1 <= stopped_at < steps
     proc = run_mplug([*args, "--resume", "latest"], timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed from {tag}" in proc.stdout
