@@ -21,17 +21,19 @@ from tests.train.test_train_corrupt_first_batch import _jpeg
 
 pytestmark = pytest.mark.slow
 
-GOOD, BAD = 6, {"huge_id": ({"image_id": 2**70}, "bad_image_id"), "list_json": ([1, 2], "bad_json")}
+GOOD, BAD = 5, {"huge_id": ({"image_id": 2**70}, "bad_image_id"), "list_json": ([1, 2], "bad_json")}
+KEPT = {"image_id": "²"}  # int("²") raised before: a string id now, hashed like any other
 BATCH = 4
 
 
 def write_shards(folder: str, shards: int) -> str:
-    """``shards`` shards of GOOD good samples and one of each BAD sample."""
+    """``shards`` shards of GOOD good samples, one with the KEPT json and one of each BAD sample (8 in all)."""
     for s in range(shards):
         with ShardWriter(folder, f"part{s}", kind="image-text", created_by="test") as writer:
             for i in range(GOOD):
                 writer.write({"__key__": f"g{s}_{i:03d}", "jpg": _jpeg(i), "txt": f"picture {i} of part {s}",
                               "json": {"image_id": 1000 * s + i}})
+            writer.write({"__key__": f"kept{s}", "jpg": _jpeg(s + 7), "txt": "a kept picture", "json": KEPT})
             for key, (meta, _) in BAD.items():
                 writer.write({"__key__": f"{key}{s}", "jpg": _jpeg(s), "txt": "fine text", "json": meta})
     return os.path.join(folder, "part{0.." + str(shards - 1) + "}-000000.tar")
@@ -46,7 +48,7 @@ def train_args(tmp_path, shards: str, name: str, steps: int, extra=()) -> list[s
 
 def test_bad_json_counts_over_two_ranks_epochs_and_resume(tmp_path):
     shards = write_shards(str(tmp_path / "shards"), shards=2)
-    # 2 ranks x 1 worker, one shard of GOOD + 2 samples each: 2 batches (steps) per epoch, 4 steps = 2 epochs
+    # 2 ranks x 1 worker, one shard of 8 samples each: 2 batches (steps) per epoch, 4 steps = 2 epochs
     per_epoch = {kind: 2 for _, kind in BAD.values()}  # one of each bad kind per shard, 2 shards
     args = train_args(tmp_path, shards, "counts", steps=4, extra=["run.log_every=2", "run.checkpoint_every_steps=2"])
     proc = run_mplug(["pretrain", "--nproc", "2", *args[1:]], env={"MPLUG_TEST_KILL_DURING_SAVE_AT_STEP": "4"},
@@ -61,7 +63,8 @@ def test_bad_json_counts_over_two_ranks_epochs_and_resume(tmp_path):
     assert log[2]["data_skipped"] == per_epoch and log[2]["corrupt_skipped"] == sum(per_epoch.values())
     two_epochs = {kind: 2 * n for kind, n in per_epoch.items()}
     assert log[4]["data_skipped"] == two_epochs and log[4]["corrupt_skipped"] == sum(two_epochs.values())
-    decoded, padded = 2 * 2 * GOOD, 2 * (2 * 2 * BATCH - 2 * GOOD)  # 2 epochs; 2 ranks x 2 batches x BATCH slots
+    usable = 2 * (GOOD + 1)  # per epoch, both shards
+    decoded, padded = 2 * usable, 2 * (2 * 2 * BATCH - usable)  # 2 epochs; 2 ranks x 2 batches x BATCH slots
     reasons = ", ".join(f"{k}={v}" for k, v in sorted(two_epochs.items()))
     assert (f"[data] decoded {decoded}, skipped {sum(two_epochs.values())} ({reasons}), padded {padded}"
             in proc.stdout), proc.stdout[-2000:]
