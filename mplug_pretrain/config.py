@@ -8,8 +8,10 @@ The DeepSpeed config is derived from this (``deepspeed_config``), never typed tw
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Literal
@@ -229,7 +231,7 @@ def _validate_classification(task: ClassificationTaskConfig, section: str) -> No
 
 
 def load_config(path: str | None = None, overrides: list[str] | None = None,
-                check_paths: bool = True) -> Config:
+                check_paths: bool | Literal["eval"] = True) -> Config:
     """Resolve file + overrides into a validated Config (raises ConfigError)."""
     raw: dict = {}
     if path is not None:
@@ -246,7 +248,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None,
     return config_from_dict(raw, check_paths=check_paths)
 
 
-def config_from_dict(raw: dict, check_paths: bool = True) -> Config:
+def config_from_dict(raw: dict, check_paths: bool | Literal["eval"] = True) -> Config:
     cfg = Config()
     preset = (raw.get("model") or {}).get("preset") if isinstance(raw.get("model"), dict) else None
     if preset is not None:
@@ -262,12 +264,37 @@ def config_from_dict(raw: dict, check_paths: bool = True) -> Config:
     return cfg
 
 
-def validate(cfg: Config, check_paths: bool = True) -> None:
+def _refuse_nan(obj, prefix: str) -> None:
+    """No float field anywhere may be NaN: it compares false with every bound, so range checks let it through."""
+    for f in dataclasses.fields(obj):
+        value, name = getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name
+        values = value if isinstance(value, (list, tuple)) else [value]
+        for item in values:
+            if dataclasses.is_dataclass(item):
+                _refuse_nan(item, name)
+            elif isinstance(item, float) and math.isnan(item):
+                raise ConfigError(f"{name}: expected a number, got nan")
+
+
+def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
+    """Every check; ``check_paths``: the files every path field names must exist (True), only those an
+    evaluation reads (``"eval"``: eval.*, the val shards, answer list and tokenizer; not the training shards),
+    or none (False)."""
+    _refuse_nan(cfg, "")
     cfg.model.validate("model")
     d, o, dist, r = cfg.data, cfg.optim, cfg.distributed, cfg.run
     check_positive(d.batch_size, "data.batch_size")
     check_positive(d.num_workers, "data.num_workers", allow_zero=True)
     check_positive(d.max_text_len, "data.max_text_len")
+    check_positive(d.shuffle_buffer, "data.shuffle_buffer")
+    if d.samples_per_epoch is not None:
+        if d.mode == "exact":
+            raise ConfigError("data.samples_per_epoch: only used with data.mode=resampled (exact mode reads "
+                              "every sample once per epoch); set it to null or set data.mode=resampled")
+        check_positive(d.samples_per_epoch, "data.samples_per_epoch")
+    if d.max_text_len > cfg.model.text.max_positions:
+        raise ConfigError(f"model.text.max_positions: {cfg.model.text.max_positions} is shorter than "
+                          f"data.max_text_len {d.max_text_len} (text tokens need a position each)")
     if d.train_weights is not None and d.train_shards and len(d.train_weights) != len(d.train_shards.split("::")):
         raise ConfigError(f"data.train_weights: {len(d.train_weights)} weights for "
                           f"{len(d.train_shards.split('::'))} sources in data.train_shards")
@@ -287,6 +314,10 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
     check_positive(dist.timeout_minutes, "distributed.timeout_minutes")
     if dist.offload_optimizer and dist.zero_stage == 0:
         raise ConfigError("distributed.offload_optimizer: needs zero_stage >= 1")
+    if dist.template is not None and os.path.isfile(dist.template):
+        read_deepspeed_template(dist.template, dist.zero_stage)
+    if check_paths and d.tokenizer is not None and not os.path.isfile(os.path.join(d.tokenizer, "vocab.txt")):
+        raise ConfigError(f"data.tokenizer: {d.tokenizer} is not a folder holding vocab.txt")
     check_positive(r.log_every, "run.log_every")
     check_positive(r.checkpoint_every_steps, "run.checkpoint_every_steps")
     check_positive(r.checkpoint_every_minutes, "run.checkpoint_every_minutes")
@@ -329,12 +360,12 @@ def validate(cfg: Config, check_paths: bool = True) -> None:
         check_positive(cfg.retrieval.image_size, "retrieval.image_size")
     _validate_caption(cfg.caption)
     if check_paths:
-        for name, value in (("data.train_shards", d.train_shards), ("data.val_shards", d.val_shards),
-                            ("distributed.template", dist.template), ("init_from", cfg.init_from),
-                            ("caption.train_shards", cfg.caption.train_shards),
-                            ("caption.coco_json", cfg.caption.coco_json),
-                            ("vqa.train_shards", cfg.vqa.train_shards), ("vqa.val_shards", cfg.vqa.val_shards),
-                            ("vqa.answer_list", cfg.vqa.answer_list)):
+        training = (("data.train_shards", d.train_shards), ("distributed.template", dist.template),
+                    ("init_from", cfg.init_from), ("caption.train_shards", cfg.caption.train_shards),
+                    ("caption.coco_json", cfg.caption.coco_json), ("vqa.train_shards", cfg.vqa.train_shards))
+        evaluation = (("data.val_shards", d.val_shards), ("caption.val_shards", cfg.caption.val_shards),
+                      ("vqa.val_shards", cfg.vqa.val_shards), ("vqa.answer_list", cfg.vqa.answer_list))
+        for name, value in (evaluation if check_paths == "eval" else training + evaluation):
             if value is not None:
                 check_path(value, name)
 
@@ -390,6 +421,41 @@ def resolve_precision(cfg: Config) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
 
 
+DERIVED_DEEPSPEED_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                          "gradient_clipping", "optimizer", "scheduler")
+
+
+def _object_without_duplicates(path: str, pairs: list) -> dict:
+    keys = [key for key, _ in pairs]
+    duplicated = sorted({key for key in keys if keys.count(key) > 1})
+    if duplicated:
+        raise ConfigError(f"distributed.template: {path} sets {', '.join(duplicated)} more than once "
+                          "(JSON keeps only the last; remove the others)")
+    return dict(pairs)
+
+
+def read_deepspeed_template(path: str, zero_stage: int) -> dict:
+    """A DeepSpeed JSON template, checked: valid JSON object, no key twice, none of the keys derived from the
+    run config, and a ZeRO stage (if it names one) equal to ``distributed.zero_stage``."""
+    try:
+        with open(path) as f:
+            template = json.load(f, object_pairs_hook=lambda pairs: _object_without_duplicates(path, pairs))
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"distributed.template: {path} is not valid JSON ({err})") from None
+    if not isinstance(template, dict):
+        raise ConfigError(f"distributed.template: {path} must hold a JSON object, got {type(template).__name__}")
+    typed_twice = [k for k in DERIVED_DEEPSPEED_KEYS if k in template]
+    if typed_twice:
+        raise ConfigError(f"distributed.template: {path} sets {', '.join(typed_twice)}; these are derived "
+                          "from the run config (data.batch_size, optim.*) and must not be typed twice")
+    zero = template.get("zero_optimization", {})
+    template_stage = zero.get("stage") if isinstance(zero, dict) else None
+    if template_stage is not None and template_stage != zero_stage:
+        raise ConfigError(f"distributed.template: {path} is for ZeRO stage {template_stage}, "
+                          f"but distributed.zero_stage is {zero_stage}")
+    return template
+
+
 def deepspeed_config(cfg: Config, world_size: int) -> dict:
     """Template (deepspeed_configs/) + the values derived from the run config.
 
@@ -397,16 +463,7 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
     stage come from ``cfg`` and must not be typed in the template too.
     """
     dist = cfg.distributed
-    path = dist.template or deepspeed_template(f"zero{dist.zero_stage}.json")
-    with open(path) as f:
-        template = json.load(f)
-    derived_keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                    "gradient_clipping", "optimizer", "scheduler")
-    typed_twice = [k for k in derived_keys if k in template]
-    if typed_twice:
-        raise ConfigError(f"distributed.template: {path} sets {', '.join(typed_twice)}; these are derived "
-                          "from the run config (data.batch_size, optim.*) and must not be typed twice")
-    ds = dict(template)
+    ds = read_deepspeed_template(dist.template or deepspeed_template(f"zero{dist.zero_stage}.json"), dist.zero_stage)
     ds["train_micro_batch_size_per_gpu"] = cfg.data.batch_size
     ds["gradient_accumulation_steps"] = cfg.optim.grad_accum_steps
     ds["train_batch_size"] = cfg.data.batch_size * cfg.optim.grad_accum_steps * world_size
@@ -415,10 +472,6 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
     ds["bf16"] = {"enabled": precision == "bf16"}
     ds.pop("fp16", None)
     zero = dict(ds.get("zero_optimization", {}))
-    template_stage = zero.get("stage")
-    if dist.template and template_stage is not None and template_stage != dist.zero_stage:
-        raise ConfigError(f"distributed.template: {path} is for ZeRO stage {template_stage}, "
-                          f"but distributed.zero_stage is {dist.zero_stage}")
     zero["stage"] = dist.zero_stage
     if dist.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}

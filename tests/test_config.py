@@ -91,9 +91,8 @@ def test_deepspeed_config_is_derived(stage):
 def test_template_that_types_a_derived_value_twice_is_refused(tmp_path):
     template = tmp_path / "bad.json"
     template.write_text(json.dumps({"train_batch_size": 64, "zero_optimization": {"stage": 2}}))
-    cfg = load_config(None, [f"distributed.template={template}"])
-    with pytest.raises(ConfigError, match="distributed.template.*train_batch_size"):
-        deepspeed_config(cfg, world_size=1)
+    with pytest.raises(ConfigError, match="distributed.template.*train_batch_size"):  # at load time, before work
+        load_config(None, [f"distributed.template={template}"])
 
 
 def test_shipped_configs_load():

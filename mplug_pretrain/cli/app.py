@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as err:
         print(f"mplug: data error: {err}", file=sys.stderr)
         return 3
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:  # a path given on the command line
+        print(f"mplug: {err}", file=sys.stderr)
+        return 2
     except MissingDependencyError as err:
         print(f"mplug: missing dependency: {err}", file=sys.stderr)
         return 4

@@ -28,7 +28,7 @@ def add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. optim.lr_rest=5e-5")
 
 
-def load_config_from_args(args: argparse.Namespace, check_paths: bool = True):
+def load_config_from_args(args: argparse.Namespace, check_paths: bool | str = True):
     """The validated run config named by ``--config`` with the overrides applied."""
     from mplug_pretrain.config import load_config
     return load_config(args.config, args.overrides, check_paths=check_paths)

@@ -8,13 +8,38 @@ Counters: ``decoded`` (usable samples), ``padded`` (filler samples flagged ``is_
 skip reasons: ``truncated_tar``/``bad_tar`` (per shard), ``missing_samples`` (listed in the
 manifest but never read, e.g. behind a truncation), ``missing_image``, ``empty_image``,
 ``corrupt_image``, ``missing_caption``, ``bad_caption_encoding``, ``missing_question``,
-``bad_question_encoding``, ``bad_json``, ``missing_video``, ``corrupt_video``.
+``bad_question_encoding``, ``bad_json`` (not JSON, or a field of the wrong type), ``bad_image_id`` (an integer
+outside int64), ``missing_video``, ``corrupt_video``, ``decode_error`` (any other exception while decoding one
+sample), ``collate_error`` (a sample that cannot be batched), ``other`` (a kind not listed here, when summed
+over ranks).
+
+A training run keeps each rank's counts across epochs and resumes (``TrainerState.data_counts``) and sums them
+over ranks (``sum_over_ranks``) when it logs and at the end.
 """
 from __future__ import annotations
 
 from collections import Counter
 
 NOT_SKIPS = ("decoded", "padded")
+KINDS = ("decoded", "padded", "truncated_tar", "bad_tar", "missing_samples", "missing_image", "empty_image",
+         "corrupt_image", "missing_caption", "bad_caption_encoding", "missing_question", "bad_question_encoding",
+         "bad_json", "bad_image_id", "missing_video", "corrupt_video", "decode_error", "collate_error", "other")
+
+
+def sum_over_ranks(counts: dict[str, int]) -> dict[str, int]:
+    """Counts summed over all ranks (one all-reduce of a ``len(KINDS)`` vector; collective: every rank calls
+    it). A kind outside ``KINDS`` is summed as ``other``."""
+    from mplug_pretrain.utils import process_group
+    vector = [0] * len(KINDS)
+    for kind, n in counts.items():
+        vector[KINDS.index(kind) if kind in KINDS else KINDS.index("other")] += int(n)
+    if process_group.world_size() > 1:
+        import torch
+        import torch.distributed as dist
+        t = torch.tensor(vector, dtype=torch.int64, device=process_group.device())
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        vector = t.tolist()
+    return {kind: n for kind, n in zip(KINDS, vector) if n}
 
 
 class DecodeStats:

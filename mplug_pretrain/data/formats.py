@@ -33,15 +33,29 @@ from mplug_pretrain.data.transforms import seeded_transform
 VIDEO_EXTENSIONS = ("mp4", "avi", "webm", "mkv", "mov", "m4v")
 
 
+INT64_MAX = 2**63 - 1
+
+
 def image_id_of(meta: dict, sample: dict) -> int:
-    """json ``image_id`` when it is an integer; otherwise a stable 62-bit id of the text/key."""
+    """json ``image_id`` when it is an integer (or ASCII digits); otherwise a stable 62-bit id of the text/key.
+    An integer outside int64 (it could not go into the batch's long tensor) raises ``bad_image_id``."""
     value = meta.get("image_id")
-    if isinstance(value, int):
+    if isinstance(value, str) and value.isascii() and value.isdigit():  # "²".isdigit() is True, int("²") fails
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise SampleError("bad_image_id", f"image_id {str(value)[:30]}... does not fit in int64")
         return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
     basis = value if value is not None else (os.path.dirname(sample.get("__url__", "")), sample["__key__"])
     return derive_seed("image_id", basis) >> 1
+
+
+def json_list(meta: dict, key: str) -> list:
+    """``meta[key]`` as a list ([] when absent); any other type is a ``bad_json`` sample."""
+    value = meta.get(key, [])
+    if not isinstance(value, list):
+        raise SampleError("bad_json", f"json {key!r} is a {type(value).__name__}, expected a list")
+    return value
 
 
 class ImageTextFormat:
@@ -84,7 +98,7 @@ class VQAFormat:
         image = decode_image(image_field(sample))
         meta = decode_json(sample.get("json"))
         question = decode_text(meta.get("question", sample.get("txt")), "question")
-        raw = [str(a.get("answer", "") if isinstance(a, dict) else a).strip() for a in meta.get("answers", [])]
+        raw = [str(a.get("answer", "") if isinstance(a, dict) else a).strip() for a in json_list(meta, "answers")]
         unique, weights = answer_targets(raw) if raw else ([], [])
         return {"image": seeded_transform(self.transform, image, derive_seed(seed, sample["__pos__"])),
                 "question": question, "answers": unique, "answer_weights": weights, "all_answers": raw,
@@ -113,7 +127,7 @@ class CaptionEvalFormat:
     def decode(self, sample: dict, seed: int) -> dict:
         image = decode_image(image_field(sample))
         meta = decode_json(sample.get("json"))
-        captions = [str(c) for c in meta.get("captions", [])]
+        captions = [str(c) for c in json_list(meta, "captions")]
         text = decode_text(sample.get("txt")) if sample.get("txt") is not None or not captions else captions[0]
         return {"image": seeded_transform(self.transform, image, derive_seed(seed, sample["__pos__"])),
                 "image_id": image_id_of(meta, sample), "captions": captions or [text], "text": text,
@@ -145,11 +159,11 @@ class VideoFormat:
         if not sample[ext]:
             raise SampleError("corrupt_video", "zero-byte video")
         meta = decode_json(sample.get("json"))
-        captions = [str(c) for c in meta.get("captions", [])]
+        captions = [str(c) for c in json_list(meta, "captions")]
         if not captions and sample.get("txt") is not None:
             captions = [decode_text(sample["txt"])]
         out = {"video_bytes": sample[ext], "video_ext": ext, "video_id": meta.get("video_id", sample["__key__"]),
-               "captions": captions, "qa": list(meta.get("qa", [])), "__key__": sample["__key__"]}
+               "captions": captions, "qa": json_list(meta, "qa"), "__key__": sample["__key__"]}
         if self.num_frames is not None:
             out["video"] = self._frames(sample[ext], seed, sample["__pos__"])
         return out

@@ -9,6 +9,7 @@ stream batches itself) over a ``ShardStream``, plus epoch/resume position and de
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Iterator
 
 import torch
@@ -17,8 +18,22 @@ from torch.utils.data import DataLoader
 from mplug_pretrain.data.decode_stats import DecodeStats
 from mplug_pretrain.data.epoch_plan import derive_seed
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.utils.parent_death import die_with_parent
 
 log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def leave_stop_signals_to_main(worker_id: int | None = None) -> None:
+    """DataLoader ``worker_init_fn``: a worker ignores SIGTERM / SIGUSR1 / SIGINT. ``scancel``, Slurm's time
+    limit and systemd signal the whole process group; a worker that died of it made the main process raise
+    ("DataLoader worker ... killed by signal: Terminated") before it could checkpoint. The main process
+    (train/signals.py) saves at the next step and exits; the workers end with it (and at once, by SIGKILL,
+    should it be killed: they ignore the gentler signals)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    die_with_parent(signal.SIGKILL)
 
 
 class ShardLoader:
@@ -55,7 +70,7 @@ class ShardLoader:
         base_seed = torch.Generator().manual_seed(derive_seed(self.stream.spec.seed, self.stream.epoch, "dataloader"))
         spec = self.stream.spec
         loader = DataLoader(self.stream, batch_size=None, num_workers=spec.num_workers, pin_memory=spec.pin_memory,
-                            persistent_workers=False, generator=base_seed)
+                            persistent_workers=False, generator=base_seed, worker_init_fn=leave_stop_signals_to_main)
         for batch in loader:
             self.stats.merge(batch.pop("__stats__"))
             yield batch

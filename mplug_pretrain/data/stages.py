@@ -108,13 +108,19 @@ def skip_positions(samples: Iterator[dict], *, first: int) -> Iterator[dict]:
 
 def decode_samples(samples: Iterator[dict], *, decode: Callable[[dict], dict], stats: DecodeStats) -> Iterator[dict]:
     """``decode(sample)`` per sample (keeping ``__pos__``); a ``SampleError`` is counted under its
-    kind and skipped."""
+    kind and skipped. Any other exception is one sample's problem too (a field of a type no check
+    foresaw): counted as ``decode_error``, logged as a warning, skipped; one sample never ends a run."""
     for sample in samples:
         try:
             out = decode(sample)
         except SampleError as err:
             stats.add(err.kind)
             log.debug("%s %s: skipped (%s: %s)", sample.get("__url__"), sample.get("__key__"), err.kind, err)
+            continue
+        except Exception as err:  # noqa: BLE001 (per-sample isolation is the point)
+            stats.add("decode_error")
+            log.warning("%s %s: skipped (decode_error: %s: %s)", sample.get("__url__"), sample.get("__key__"),
+                        type(err).__name__, err)
             continue
         stats.add("decoded")
         out["__pos__"] = sample["__pos__"]
@@ -129,12 +135,22 @@ def batch_by_position(samples: Iterator[dict], *, batch_size: int, first_batch: 
     ``blank()`` when the slot has none, flagged ``is_pad``. Each batch carries ``__stats__``."""
     recent: list[dict] = []  # real samples to repeat as padding
 
+    def padded(real: list[dict]) -> tuple[list[dict], int]:
+        pool = (recent + real)[-batch_size:]
+        fillers = [pool[i % len(pool)] if pool else blank() for i in range(batch_size - len(real))]
+        return real + fillers, len(fillers)
+
     def emit(real: list[dict]) -> dict:
+        full, n_fill = padded(real)
+        try:
+            batch = collate(full, [False] * len(real) + [True] * n_fill)
+        except Exception:  # noqa: BLE001 (drop the samples that cannot be batched, keep the others)
+            real = _collatable(real, collate, stats)
+            full, n_fill = padded(real)
+            batch = collate(full, [False] * len(real) + [True] * n_fill)
         recent.extend(real)
         del recent[:-batch_size]
-        fillers = [recent[i % len(recent)] if recent else blank() for i in range(batch_size - len(real))]
-        stats.add("padded", len(fillers))
-        batch = collate(real + fillers, [False] * len(real) + [True] * len(fillers))
+        stats.add("padded", n_fill)
         batch["__stats__"] = stats.take_delta()
         return batch
 
@@ -151,3 +167,17 @@ def batch_by_position(samples: Iterator[dict], *, batch_size: int, first_batch: 
     while current < num_batches:
         yield emit(pending)
         current, pending = current + 1, []
+
+
+def _collatable(samples: list[dict], collate: Callable, stats: DecodeStats) -> list[dict]:
+    """The samples ``collate`` accepts one by one; each refused one is counted as ``collate_error``."""
+    kept = []
+    for sample in samples:
+        try:
+            collate([sample], [False])
+        except Exception as err:  # noqa: BLE001
+            stats.add("collate_error")
+            log.warning("%s: skipped (collate_error: %s: %s)", sample.get("__key__"), type(err).__name__, err)
+            continue
+        kept.append(sample)
+    return kept

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Literal
@@ -54,6 +55,17 @@ def write_caption_results(predictions: Predictions, path: str) -> list[dict]:
     return rows
 
 
+def _with_references(predictions: Predictions, references: Mapping[ImageId, Sequence[str]]) -> dict[ImageId, str]:
+    """The predictions as a dict; none may be empty or lack references."""
+    preds = predictions_as_dict(predictions)
+    if not preds:
+        raise ValueError("predictions: empty")
+    missing_refs = [i for i in preds if not references.get(i)]
+    if missing_refs:
+        raise ValueError(f"references: no reference captions for {len(missing_refs)} predicted images, e.g. {missing_refs[0]!r}")
+    return preds
+
+
 def spice_jars_present() -> bool:
     from pycocoevalcap.spice import spice as spice_module
 
@@ -81,12 +93,7 @@ def evaluate_captions(predictions: Predictions, references: Mapping[ImageId, Seq
     if spice == "on" and not run_spice:
         raise RuntimeError(f"SPICE requested but {' and '.join(_SPICE_CORENLP_JARS)} are missing from "
                            "pycocoevalcap/spice/lib (download Stanford CoreNLP 3.6.0 there)")
-    preds = predictions_as_dict(predictions)
-    if not preds:
-        raise ValueError("predictions: empty")
-    missing_refs = [i for i in preds if not references.get(i)]
-    if missing_refs:
-        raise ValueError(f"references: no reference captions for {len(missing_refs)} predicted images, e.g. {missing_refs[0]!r}")
+    preds = _with_references(predictions, references)
     if require_all:
         unpredicted = [i for i in references if i not in preds]
         if unpredicted:
@@ -116,3 +123,66 @@ def evaluate_captions(predictions: Predictions, references: Mapping[ImageId, Seq
         log.warning("SPICE skipped: Stanford CoreNLP 3.6.0 jars are not in pycocoevalcap/spice/lib "
                     "(pycocoevalcap downloads them at first use, which needs network)")
     return results
+
+
+# --- CIDEr without Java (eval.caption_metrics: cider) ---------------------------------------------------------
+# The Stanford PTBTokenizer (-lowerCase) as pycocoevalcap runs it, followed by its punctuation removal, redone in
+# Python for caption text: contractions split ("man's" -> "man 's", "don't" -> "do n't", "cannot" -> "can not"),
+# brackets named (-lrb- -rrb- -lsb- -rsb- -lcb- -rcb-: with -lowerCase they escape pycocoevalcap's removal list),
+# "%" "$" "#" split off, abbreviations (u.s., p.m., mr.) keep their periods, other punctuation dropped.
+# tests/eval/test_caption_metrics_without_java.py compares it with the Java tokenizer.
+_BRACKETS = {"(": "-lrb-", ")": "-rrb-", "[": "-lsb-", "]": "-rsb-", "{": "-lcb-", "}": "-rcb-"}
+_ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "inc", "co", "ltd", "no", "mt", "ft"}
+_TOKEN = re.compile(r"""(?:""" + "|".join(sorted(_ABBREVIATIONS)) + r""")\.(?=\s|$)  # mr.
+                       |(?:[a-z0-9]\.){2,}           # u.s. / p.m.
+                       |[a-z0-9]+(?:['&/:.,-][a-z0-9]+)*  # words, numbers, x-ray, 5:30, 3.5, o'neil
+                       |n't|'(?:s|re|ve|ll|d|m)\b|'n'|''|``|\.\.\.|--
+                       |\S""", re.VERBOSE)
+_DROPPED = {"''", "'", "``", "`", ".", "?", "!", ",", ":", "-", "--", "...", ";", '"'}
+
+
+def ptb_tokenize(caption: str) -> str:
+    """One caption as pycocoevalcap's PTBTokenizer + punctuation removal gives it, without Java."""
+    text = caption.replace("\n", " ").lower()
+    text = re.sub(r"\bcannot\b", "can not", text)
+    text = re.sub(r"\b(ca|wo|do|does|did|is|are|was|were|has|have|had|could|would|should|must|need|ai)n't\b",
+                  r"\1 n't", text)
+    text = re.sub(r"([a-z0-9])'(s|re|ve|ll|d|m)\b", r"\1 '\2", text)
+    out = []
+    for token in _TOKEN.findall(text):
+        if token in _BRACKETS:
+            out.append(_BRACKETS[token])
+        elif token.endswith(".") and token.count(".") == 1 and token[:-1] in _ABBREVIATIONS:
+            out.append(token)
+        elif "." in token and not re.fullmatch(r"(?:[a-z0-9]\.){2,}|[0-9]+(?:\.[0-9]+)+|[a-z0-9]+(?:[.][a-z0-9]+)+",
+                                               token):
+            out.extend(part for part in re.split(r"(\.)", token) if part and part not in _DROPPED)
+        elif token not in _DROPPED:
+            out.append(token)
+    return " ".join(out)
+
+
+def cider_without_java(predictions: Predictions, references: Mapping[ImageId, Sequence[str]]) -> dict[str, float]:
+    """{"CIDEr": pycocoevalcap's Cider (CIDEr-D) on ``ptb_tokenize``d captions}: what ``evaluate_captions`` reports
+    as CIDEr, with no Java anywhere (pycocoevalcap's Cider itself is Python)."""
+    from pycocoevalcap.cider.cider import Cider
+    preds = _with_references(predictions, references)
+    gts = {i: [ptb_tokenize(c) for c in references[i]] for i in preds}
+    res = {i: [ptb_tokenize(preds[i])] for i in preds}
+    return {"CIDEr": float(Cider().compute_score(gts, res)[0])}
+
+
+def check_java(field: str = "eval.caption_metrics") -> None:
+    """Before any generation: the 'coco' metrics (PTB tokenizer, METEOR, SPICE) need Java on PATH."""
+    if shutil.which("java") is None:
+        from mplug_pretrain.errors import ConfigError
+        raise ConfigError(f"{field}: 'coco' (BLEU, METEOR, ROUGE-L, CIDEr) needs Java on PATH for the PTB tokenizer "
+                          f"and METEOR; install a JRE 8+, or set {field}=cider (CIDEr-D without Java)")
+
+
+def score_captions(predictions: Predictions, references: Mapping[ImageId, Sequence[str]],
+                   caption_metrics: Literal["coco", "cider"]) -> dict[str, float]:
+    """``eval.caption_metrics``: "coco" = ``evaluate_captions`` (Java), "cider" = ``cider_without_java``."""
+    if caption_metrics == "cider":
+        return cider_without_java(predictions, references)
+    return evaluate_captions(predictions, references, spice="auto")

@@ -4,8 +4,10 @@
         -> beam search (caption.generation: beam_size 5, at most max_length 20 tokens incl. [SEP], at least
            min_length, final ranking by log-prob / length ** length_penalty)
         -> decoded text (the caption after the prompt)
-    scores    BLEU-1..4, METEOR, ROUGE-L, CIDEr (pycocoevalcap, raw scale: x100 for the papers' tables),
-              SPICE where its Stanford CoreNLP jars are present, else one log line saying it was skipped
+    scores    eval.caption_metrics "coco": BLEU-1..4, METEOR, ROUGE-L, CIDEr (pycocoevalcap, raw scale: x100 for
+              the papers' tables), SPICE where its Stanford CoreNLP jars are present, else one log line saying it
+              was skipped; Java is checked before any caption is generated. "cider": CIDEr alone, no Java.
+              The predictions are written before scoring.
     files     the metrics JSON (``out`` | eval.output | <run_dir>/metrics_caption.json) and, beside it,
               <out stem>.caption_predictions.json in the COCO results format [{"image_id", "caption"}]
 The split: ``eval.shards``, else ``caption.val_shards`` (image-layout shards: json.captions = references).
@@ -81,7 +83,9 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
                    extra: dict | None = None) -> dict:
     """Caption ``shards``, score with pycocoevalcap on rank 0, write the metrics JSON ``out`` and the
     predictions beside it. Returns the metrics (empty on other ranks)."""
-    from mplug_pretrain.eval.caption_metrics import evaluate_captions, write_caption_results
+    from mplug_pretrain.eval.caption_metrics import check_java, score_captions, write_caption_results
+    if cfg.eval.caption_metrics == "coco":
+        check_java()  # before generating, not after
     device = next(model.parameters()).device
     model.eval()
     loader = eval_loader(shards, model.config.vision.image_size, cfg)
@@ -89,13 +93,15 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
     predictions, references = gather_to_all(*generate_captions(model, loader, tokenizer, settings, device))
     metrics: dict = {}
     if process_group.rank() == 0:
-        metrics = evaluate_captions(predictions, references, spice="auto")
         predictions_path = beside_metrics(out, "caption_predictions.json")
-        write_caption_results(predictions, predictions_path)
+        write_caption_results(predictions, predictions_path)  # first: a scoring failure keeps the captions
+        metrics = score_captions(predictions, references, cfg.eval.caption_metrics)
         report = {**metrics, **(extra or {}), "num_images": len(predictions), "shards": shards,
                   "checkpoint": checkpoint, "predictions": predictions_path, "generation": asdict(settings),
-                  "spice": "computed" if "SPICE" in metrics else "skipped: Stanford CoreNLP 3.6.0 jars missing "
-                                                                 "from pycocoevalcap/spice/lib"}
+                  "caption_metrics": cfg.eval.caption_metrics}
+        if cfg.eval.caption_metrics == "coco":
+            report["spice"] = ("computed" if "SPICE" in metrics else "skipped: Stanford CoreNLP 3.6.0 jars missing "
+                                                                      "from pycocoevalcap/spice/lib")
         write_metrics(out, report)
     process_group.barrier()
     return metrics

@@ -10,8 +10,8 @@ Per video: memory = concat(fuse(video states, prompt)) of the N frames' tokens (
 through the text encoder; beam search (eval.generation: beam_size, min_length..max_length tokens incl. [SEP],
 length_penalty); the caption is the decoded continuation (as ``mplug eval caption``).
 Scores (``eval.caption_metrics``): "coco" = pycocoevalcap BLEU-1..4, METEOR, ROUGE-L, CIDEr, SPICE where its
-jars are present; "cider" = CIDEr alone (the paper's metric; PTB tokenizer + pycocoevalcap Cider, without the
-slow METEOR run). Raw scale (x100 for Table 10), on the videos that have references (the VATEX public test
+jars are present (Java checked before any video is captioned); "cider" = CIDEr alone (the paper's metric;
+pycocoevalcap's Cider on the PTB tokenizer's output redone in Python: no Java, and without the slow METEOR run). Raw scale (x100 for Table 10), on the videos that have references (the VATEX public test
 has none: then only the predictions are written). Files: the metrics JSON and, beside it,
 ``<metrics stem>.video_caption_predictions.json`` ([{"image_id": video id, "caption"}], the COCO results format).
 """
@@ -33,18 +33,6 @@ from mplug_pretrain.eval.video_encoding import SkipReport, encoded_batches, fram
 from mplug_pretrain.eval.video_retrieval_task import read_caption_annotations
 
 log = logging.getLogger(__name__)
-
-
-def cider_only(predictions: dict[str, str], references: dict[str, list[str]]) -> dict[str, float]:
-    """{"CIDEr": pycocoevalcap's CIDEr(-D)} after the PTB tokenizer, as ``evaluate_captions`` computes it."""
-    from pycocoevalcap.cider.cider import Cider
-    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-    tokenized = PTBTokenizer().tokenize(
-        {("ref", v): [{"caption": c} for c in references[v]] for v in predictions}
-        | {("res", v): [{"caption": predictions[v]}] for v in predictions})
-    score, _ = Cider().compute_score({v: tokenized[("ref", v)] for v in predictions},
-                                     {v: tokenized[("res", v)] for v in predictions})
-    return {"CIDEr": float(score)}
 
 
 @torch.no_grad()
@@ -70,8 +58,10 @@ def caption_videos(model, tokenizer, cfg, encoded) -> tuple[dict[str, str], dict
 
 def run(cfg, checkpoint: str, out: str | None = None) -> dict:
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.eval.caption_metrics import evaluate_captions, write_caption_results
+    from mplug_pretrain.eval.caption_metrics import check_java, score_captions, write_caption_results
     e = cfg.eval
+    if e.caption_metrics == "coco":
+        check_java()  # before encoding and captioning every video, not after
     model = load_eval_model(cfg, checkpoint)
     skipped = SkipReport()
     with eval_autocast(cfg, model):
@@ -88,10 +78,8 @@ def run(cfg, checkpoint: str, out: str | None = None) -> dict:
     if not scored:
         scores = {}
         log.warning("video-caption: no reference captions in the input: predictions written, nothing scored")
-    elif e.caption_metrics == "cider":
-        scores = cider_only(scored, scored_refs)
     else:
-        scores = evaluate_captions(scored, scored_refs, spice="auto")
+        scores = score_captions(scored, scored_refs, e.caption_metrics)
     metrics = {"task": "video-caption", "checkpoint": checkpoint, **scores, "num_videos": len(predictions),
                "num_scored": len(scored), "caption_metrics": e.caption_metrics, **skipped.as_dict("videos"),
                "prompt": e.generation.prompt, "num_frames": e.num_frames, "frame_sampling": e.frame_sampling,

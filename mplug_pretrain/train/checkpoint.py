@@ -34,7 +34,8 @@ class TrainerState:
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of this epoch already consumed (data position)
     nonfinite_skipped: int = 0
-    corrupt_skipped: int = 0
+    corrupt_skipped: int = 0  # skipped samples, all ranks (as of the last log step)
+    data_counts: dict = field(default_factory=dict)  # this rank's reader counts by kind (DecodeStats), all epochs
     extra: dict = field(default_factory=dict)
 
 

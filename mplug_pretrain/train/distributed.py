@@ -11,14 +11,29 @@ MPI is read before Slurm: mpirun inside an sbatch allocation inherits SLURM_NTAS
 SLURM_PROCID 0. Multi-node mpirun needs MASTER_ADDR set by the user (single node: 127.0.0.1).
 
 gloo on CPU, nccl on GPU, and a finite timeout: a dead rank fails the job instead of hanging it.
+
+No C++ build on CPU: DeepSpeed's CPU accelerator would JIT-compile its shared-memory all-reduce op
+(``deepspeed_shm_comm``, used only by DeepSpeed-Inference's tensor-parallel all-reduce, never by training), which
+needs a C++ compiler and leaves ``<TORCH_EXTENSIONS_DIR>/<flavour>/deepspeed_shm_comm/lock`` behind when killed
+mid-build; torch then waits on that lock forever, silently. We mark the op incompatible so it is never built.
+The ops training does build (``cpu_adam`` with ``distributed.offload_optimizer``) go through
+``clear_stale_build_locks``: a lock whose folder saw no write for ``STALE_LOCK_MINUTES`` is removed with a
+message naming it; a fresher one (a build in progress) is named, and removed by a watcher thread once it turns
+stale, so torch's wait on it ends.
 """
 from __future__ import annotations
 
 import datetime
+import glob
 import os
 import socket
 import subprocess
+import sys
+import threading
+import time
 from dataclasses import dataclass
+
+STALE_LOCK_MINUTES = 5.0  # a JIT build writes its folder every few seconds; a lock this quiet was left by a kill
 
 # (rank, world size, local rank candidates) per MPI implementation
 MPI_VARIABLES = (
@@ -104,12 +119,85 @@ def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> Wo
     else:
         torch.cuda.set_device(info.local_rank)
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    fresh_locks = clear_stale_build_locks()
+    if fresh_locks:
+        watch_build_locks(fresh_locks)
     import deepspeed
+    if not torch.cuda.is_available():
+        skip_shm_comm_build()
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False,
                                    timeout=datetime.timedelta(minutes=timeout_minutes),
                                    rank=info.rank, world_size=info.world_size)
     return info
+
+
+def skip_shm_comm_build() -> None:
+    """Never JIT-build DeepSpeed's CPU shared-memory comm op (see the module docstring): training all-reduces
+    through torch.distributed (gloo) either way."""
+    import deepspeed.ops
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)  # DeepSpeed probes once and keeps this dict
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
+
+
+def _last_write(folder: str) -> float:
+    times = [os.path.getmtime(folder)]
+    for entry in os.scandir(folder):
+        try:
+            times.append(entry.stat().st_mtime)
+        except OSError:
+            pass
+    return max(times)
+
+
+def _build_locks(root: str | None) -> list[str]:
+    """``$TORCH_EXTENSIONS_DIR/<op>/lock``, else ``<torch's default root>/<flavour>/<op>/lock`` (or under ``root``)."""
+    if root is not None or os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return sorted(glob.glob(os.path.join(root or os.environ["TORCH_EXTENSIONS_DIR"], "*", "lock")))
+    from torch.utils.cpp_extension import get_default_build_root
+    return sorted(glob.glob(os.path.join(get_default_build_root(), "*", "*", "lock")))
+
+
+def _remove_if_stale(lock: str, stale_minutes: float) -> bool:
+    """Remove ``lock`` when its folder saw no write for ``stale_minutes`` (naming it on stderr). -> True when
+    the lock is gone (removed here or meanwhile)."""
+    try:
+        quiet = (time.time() - _last_write(os.path.dirname(lock))) / 60.0
+        if quiet < stale_minutes:
+            return False
+        os.remove(lock)
+    except FileNotFoundError:
+        return True
+    print(f"[distributed] removed the stale build lock {lock} (no write in its folder for {quiet:.0f} min: a "
+          "build killed half-way left it)", file=sys.stderr, flush=True)
+    return True
+
+
+def clear_stale_build_locks(root: str | None = None, stale_minutes: float = STALE_LOCK_MINUTES) -> list[str]:
+    """Remove the stale JIT-build locks; name the fresh ones (a build in progress, or one killed moments ago,
+    on which torch would wait without a word). -> the fresh locks left in place."""
+    fresh = [lock for lock in _build_locks(root) if not _remove_if_stale(lock, stale_minutes)]
+    for lock in fresh:
+        print(f"[distributed] build lock {lock} present: another process is compiling that op, or one was killed "
+              f"while compiling it (then delete the lock; it is removed here after {stale_minutes:g} min without "
+              "a write)", file=sys.stderr, flush=True)
+    return fresh
+
+
+def watch_build_locks(locks: list[str], stale_minutes: float = STALE_LOCK_MINUTES,
+                      poll_seconds: float = 10.0) -> threading.Thread:
+    """A daemon thread removing each of ``locks`` once it turns stale: torch, waiting on a lock a killed build
+    left, then goes on (loading the op, or failing to) instead of waiting forever."""
+    def watch() -> None:
+        pending = list(locks)
+        while pending:
+            pending = [lock for lock in pending if not _remove_if_stale(lock, stale_minutes)]
+            time.sleep(poll_seconds)
+
+    thread = threading.Thread(target=watch, name="build-lock-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def shutdown_distributed() -> None:

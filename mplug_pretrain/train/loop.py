@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from mplug_pretrain.config import Config, save_config
+from mplug_pretrain.data.decode_stats import DecodeStats, sum_over_ranks
 from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.train.checkpoint import TrainerState, load_checkpoint, resolve_resume, save_checkpoint
 from mplug_pretrain.train.distributed import init_distributed
@@ -233,6 +235,10 @@ def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
 
 def _log_step(run: _Run, lrs: dict, data_time: float, step_time: float) -> None:
     state = run.state
+    data = None  # reader counts of all ranks, summed at log steps only (one all-reduce)
+    if state.global_step % run.cfg.run.log_every == 0 or state.global_step >= run.cfg.optim.max_steps:
+        data = DecodeStats(sum_over_ranks(state.data_counts))
+        state.corrupt_skipped = data.total_skipped
     keys = list(run.losses_accum)
     values = torch.stack([torch.as_tensor(run.losses_accum[k]) for k in keys]).tolist() if keys else []
     run.losses_accum = {}
@@ -245,6 +251,8 @@ def _log_step(run: _Run, lrs: dict, data_time: float, step_time: float) -> None:
               "data_time": data_time, "step_time": step_time, "peak_memory_mb": peak_memory_mb(),
               "epoch": state.epoch, "nonfinite_skipped": state.nonfinite_skipped,
               "corrupt_skipped": state.corrupt_skipped}
+    if data is not None:
+        record["data_skipped"] = data.skipped  # by kind
     if run.flops_per_sample is not None:
         record["flops_per_sample"] = run.flops_per_sample
         record["mfu"] = mfu(run.flops_per_sample, samples_per_s / run.world, run.peak_flops)
@@ -291,11 +299,13 @@ def _train_epoch(run: _Run, loader: Iterable[dict]) -> bool:
     data_start = step_start = time.time()
     data_time = 0.0
     yielded = 0
+    before = Counter(state.data_counts)  # earlier epochs and runs (resume)
     for batch in loader:
         yielded += 1
         data_time += time.time() - data_start
         state.batch_in_epoch += 1
-        state.corrupt_skipped = loader.stats.total_skipped if hasattr(loader, "stats") else 0
+        if hasattr(loader, "stats"):
+            state.data_counts = dict(before + loader.stats.counts)
         result = _micro_step(run, batch)
         if result is not None and result[1]:  # an optimizer step ended
             if _finish_step(run, result[0], data_time, time.time() - step_start):
@@ -315,8 +325,9 @@ def _train_epoch(run: _Run, loader: Iterable[dict]) -> bool:
 def _finish(run: _Run, loader) -> dict:
     """Close the log, report corrupt samples, write the final model folder and plots (finished runs)."""
     run.log.close()
-    if hasattr(loader_stats := getattr(loader, "stats", None), "summary") and run.rank == 0:
-        print(f"[data] {loader_stats.summary()}", flush=True)
+    data_counts = sum_over_ranks(run.state.data_counts)  # collective: every rank finishes here
+    if run.rank == 0 and data_counts:
+        print(DecodeStats(data_counts).log_line(), flush=True)
     if run.exit_reason == "finished":
         save_final_model(run.engine, os.path.join(run.run_dir, "model"), run.cfg.distributed.zero_stage, run.rank,
                          run.cfg)
@@ -324,7 +335,7 @@ def _finish(run: _Run, loader) -> dict:
             plot_losses(run.run_dir)
     s = run.state
     summary = {"exit": run.exit_reason, "global_step": s.global_step, "samples_seen": s.samples_seen,
-               "nonfinite_skipped": s.nonfinite_skipped, "run_dir": run.run_dir}
+               "nonfinite_skipped": s.nonfinite_skipped, "data": data_counts, "run_dir": run.run_dir}
     return {"summary": summary, "engine": run.engine, "state": s}
 
 

@@ -4,6 +4,10 @@ Slurm sends USR1 before preemption (``--signal=B:USR1@T``, forwarded by the batc
 cancel; the handler only sets a flag, the training loop agrees on it across ranks and saves. Rank 0 then
 writes ``<run_dir>/preempted`` (``PREEMPTED_MARKER``), which tells the sbatch script (slurm/script.py) to
 requeue the job.
+
+``scancel`` and Slurm's time limit signal the whole process group: the DataLoader workers ignore these signals
+(``data/loader.py``, ``leave_stop_signals_to_main``), so only the main process acts on them. The ranks of
+``mplug pretrain --nproc N`` get SIGTERM from the kernel when their torchrun dies (``cli/commands/pretrain.py``).
 """
 from __future__ import annotations
 

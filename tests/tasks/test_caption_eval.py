@@ -17,20 +17,11 @@ from mplug_pretrain.data.transforms import build_eval_transform
 from mplug_pretrain.eval import caption_task
 from mplug_pretrain.eval.caption_task import GenerationSettings, caption_images
 from mplug_pretrain.eval.predict_captions import image_files
-from mplug_pretrain.models.presets import build_model
 from tests.helpers import call_mplug
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SETTINGS = GenerationSettings(prompt="a picture of", beam_size=3, max_length=8, min_length=3)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    path = str(tmp_path_factory.mktemp("tiny") / "model")
-    build_model("tiny").save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

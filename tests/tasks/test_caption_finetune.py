@@ -5,12 +5,10 @@ import json
 import os
 
 import pytest
-import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
 from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards
 from mplug_pretrain.demo.shards import ensure_demo_shards
-from mplug_pretrain.models.presets import build_model
 from tests.helpers import REPO_ROOT, read_log, run_mplug
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # a shared 2-core machine: OpenMP spinning makes 2 threads far slower
@@ -19,14 +17,6 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # a shared 2-core machine: OpenMP spinnin
 @pytest.fixture(scope="module")
 def shards():
     return ensure_demo_shards(os.path.join(REPO_ROOT, "data_shards"))
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    path = str(tmp_path_factory.mktemp("tiny") / "model")
-    build_model("tiny").save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

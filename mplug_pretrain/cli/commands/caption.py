@@ -19,14 +19,26 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def check_model_folder(path: str) -> None:
+    """``--checkpoint`` must be a model folder; a run folder is pointed to its model/."""
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return
+    if os.path.isfile(os.path.join(path, "model", "config.json")):
+        raise FileNotFoundError(f"--checkpoint {path}: a run folder, not a model folder; pass {os.path.join(path, 'model')}")
+    if os.path.isdir(os.path.join(path, "checkpoints")):
+        raise FileNotFoundError(f"--checkpoint {path}: a run folder without a model/ (unfinished?); make one with "
+                                f"`mplug export --checkpoint {path} --out DIR`")
+    what = "no config.json in it" if os.path.isdir(path) else "no such folder"
+    raise FileNotFoundError(f"--checkpoint {path}: not a model folder ({what})")
+
+
 def run(args) -> int:
     import dataclasses
 
     from mplug_pretrain.eval.caption_metrics import write_caption_results
     from mplug_pretrain.eval.predict_captions import image_id_from_path, predict
     from mplug_pretrain.models.generation_settings import GenerationSettings
-    if not os.path.isfile(os.path.join(args.checkpoint, "config.json")):
-        raise FileNotFoundError(f"--checkpoint: {args.checkpoint} is not a model folder (no config.json)")
+    check_model_folder(args.checkpoint)
     settings = GenerationSettings.from_model_dir(args.checkpoint)
     overrides = {k: v for k, v in (("prompt", args.prompt), ("beam_size", args.beam_size),
                                    ("max_length", args.max_length), ("min_length", args.min_length)) if v is not None}

@@ -16,6 +16,10 @@ def register(sub) -> None:
 
 
 def run_expansionnet(args) -> int:
+    import os
+    if not os.path.isfile(args.checkpoint):
+        what = "a folder, not a file" if os.path.isdir(args.checkpoint) else "no such file"
+        raise FileNotFoundError(f"--checkpoint {args.checkpoint}: {what} (expected the official ExpansionNet v2 .pth)")
     from mplug_pretrain.models.weights.expansionnet_official import (
         OFFICIAL_ENCODER_GROUP,
         OFFICIAL_HEADS,

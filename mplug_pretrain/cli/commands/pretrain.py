@@ -1,25 +1,32 @@
 """``mplug pretrain --config FILE [--resume latest|auto|TAG] [--nproc N] [key=value ...]``."""
 from __future__ import annotations
 
-import subprocess
+import os
+import signal
 import sys
 
 from mplug_pretrain.cli.parsing import add_config_args, load_config_from_args
+
+LAUNCHER_PID = "MPLUG_LAUNCHER_PID"  # set for the ranks of `--nproc N`: the torchrun process they must die with
 
 
 def register(sub) -> None:
     p = sub.add_parser("pretrain", help="pretrain on WebDataset shards (DeepSpeed ZeRO)")
     add_config_args(p)
     p.add_argument("--resume", default=None, help="latest | auto (latest if present) | a checkpoint tag")
-    p.add_argument("--nproc", type=int, default=0, help="ranks on this machine (relaunches under torchrun)")
+    p.add_argument("--nproc", type=int, default=0, help="ranks on this machine (becomes torchrun with N ranks)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    import os
     cfg = load_config_from_args(args)  # validate before anything starts, also before a relaunch
     if args.nproc and args.nproc > 1 and "RANK" not in os.environ:
-        return _relaunch_with_torchrun(args.nproc)
+        _exec_torchrun(args.nproc)  # does not return
+    if os.environ.get(LAUNCHER_PID):
+        from mplug_pretrain.utils.parent_death import die_with_parent
+        # torchrun starts each rank in a session of its own: killed with -9, it would leave them training
+        # (orphans beside a later --resume). SIGTERM: the rank saves at its next step and exits (train/signals.py).
+        die_with_parent(signal.SIGTERM, expected_parent=int(os.environ[LAUNCHER_PID]))
     from mplug_pretrain.train.distributed import shutdown_distributed
     from mplug_pretrain.train.pretrain import run_pretrain
     try:
@@ -29,12 +36,26 @@ def run(args) -> int:
     return 0
 
 
-def _relaunch_with_torchrun(nproc: int) -> int:
-    """``--nproc N`` on one machine: re-run this very command under torchrun with N ranks."""
+def _without_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            out.append(arg)
+    return out
+
+
+def _exec_torchrun(nproc: int) -> None:
+    """``--nproc N`` on one machine: this process becomes torchrun (``os.execv``, same pid) running this very
+    command with N ranks. A signal to the ``mplug`` pid therefore reaches torchrun, which forwards SIGTERM /
+    SIGINT to the ranks; if it is killed outright, each rank gets SIGTERM from the kernel (``LAUNCHER_PID``)."""
     from mplug_pretrain.train.distributed import free_port
-    argv = list(sys.argv[1:])
-    i = argv.index("--nproc")
-    del argv[i:i + 2]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_port", str(free_port()), "-m", "mplug_pretrain", *argv]
-    return subprocess.call(cmd)
+           "--master_port", str(free_port()), "-m", "mplug_pretrain", *_without_nproc(sys.argv[1:])]
+    os.environ[LAUNCHER_PID] = str(os.getpid())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)

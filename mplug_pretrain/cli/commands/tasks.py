@@ -42,7 +42,7 @@ def run_finetune(args) -> int:
 
 
 def run_eval(args) -> int:
-    cfg = load_config_from_args(args)
+    cfg = load_config_from_args(args, check_paths="eval")  # the training shards need not exist to evaluate
     metrics = EVAL_TASKS[args.task]().run(cfg, checkpoint=args.checkpoint, out=args.out)
     print(json.dumps(metrics, indent=2))
     return 0
