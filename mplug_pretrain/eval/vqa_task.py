@@ -30,6 +30,7 @@ from mplug_pretrain.eval.common import (
     real_rows,
     write_metrics,
 )
+from mplug_pretrain.eval.inputs import require_inputs
 from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa, write_vqa_submission
 from mplug_pretrain.eval.vqa_ranking import rank_answers
 from mplug_pretrain.models.generation_settings import AnswerSettings
@@ -100,8 +101,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, out: str, checkpoin
     from mplug_pretrain.data.loader_spec import LoaderSpec
     from mplug_pretrain.data.pipeline import build_vqa_loader
     v = cfg.vqa
-    if not v.val_shards:
-        raise ConfigError("vqa.val_shards: the questions to answer are required by `mplug eval vqa`")
+    require_inputs("vqa", cfg)
     device = eval_device()
     model = model.to(device).eval()
     spec = LoaderSpec.evaluation(v.val_shards, cfg.eval.batch_size, cfg.data.num_workers, rank=0, world_size=1)
