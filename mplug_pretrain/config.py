@@ -16,7 +16,13 @@ from typing import Literal
 
 import yaml
 
-from mplug_pretrain.config_loader import deep_merge, parse_overrides, to_dict
+from mplug_pretrain.config_loader import (
+    deep_merge,
+    find_config,
+    parse_overrides,
+    resolve_list_indices,
+    to_dict,
+)
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
 from mplug_pretrain.models.model_config import ModelConfig
@@ -233,8 +239,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None,
     """Resolve file + overrides into a validated Config (raises ConfigError)."""
     raw: dict = {}
     if path is not None:
-        if not os.path.isfile(path):
-            raise ConfigError(f"{path}: config file not found")
+        path = find_config(path)  # a path, or a config shipped in the package by name
         with open(path) as f:
             try:
                 raw = yaml.safe_load(f) or {}
@@ -255,6 +260,7 @@ def config_from_dict(raw: dict, check_paths: bool = True) -> Config:
             cfg.model = get_preset_config(preset)
         except KeyError as err:
             raise ConfigError(f"model.preset: unknown preset {preset!r}") from err
+    raw = resolve_list_indices(raw, to_dict(cfg))  # `caption.stages.0.steps=5` over the default list
     cfg = build_dataclass(Config, raw, "", base=cfg)
     from mplug_pretrain.models.weights.bert import follow_bert_checkpoints
     follow_bert_checkpoints(cfg.model, raw.get("model") or {})  # sizes + compatibility, before any heavy work

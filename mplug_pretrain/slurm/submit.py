@@ -29,6 +29,7 @@ import subprocess
 import sys
 from collections.abc import Collection
 
+from mplug_pretrain.config_loader import find_config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.slurm.script import (
     SlurmJob,
@@ -76,7 +77,7 @@ def build_job(kind: str, args: argparse.Namespace, eval_tasks: Collection[str] =
         split_checkpoint_overrides(args)
     cfg = load_config(args.config, args.overrides)
     run_dir = os.path.abspath(cfg.run_dir)
-    config = os.path.abspath(args.config)
+    config = os.path.abspath(find_config(args.config))  # a shipped config by name: its path in the package
     setup = tuple(getattr(args, "setup", None) or ())
     python = args.python or ("python" if setup else sys.executable)
     if os.sep in python:
