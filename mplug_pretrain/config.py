@@ -88,6 +88,7 @@ class RunConfig:
     deterministic: bool = False
     inject_nonfinite_at_steps: list[int] = field(default_factory=list)  # testing aid: NaN loss at these steps
     compile: bool = False  # torch.compile the model (DeepSpeed engine.compile) before training
+    allow_random_init: bool = False  # pretrain a base/large model without CLIP/BERT weights on purpose
     cpu_peak_flops: float | None = None  # FLOP/s to compute MFU against on CPU (None: no MFU on CPU)
 
 

@@ -76,6 +76,11 @@ def build_job(kind: str, args: argparse.Namespace, eval_tasks: Collection[str] =
     if kind == "eval":
         split_checkpoint_overrides(args)
     cfg = load_config(args.config, args.overrides)
+    if kind == "pretrain":
+        from mplug_pretrain.train.pretrain import random_init_problem
+        problem = random_init_problem(cfg)
+        if problem:
+            raise ConfigError(problem)
     run_dir = os.path.abspath(cfg.run_dir)
     config = os.path.abspath(find_config(args.config))  # a shipped config by name: its path in the package
     setup = tuple(getattr(args, "setup", None) or ())
