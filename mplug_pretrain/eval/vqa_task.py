@@ -13,6 +13,7 @@ The answer list: ``vqa.answer_list``, else the one the val shards' manifest name
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import torch
@@ -89,10 +90,13 @@ def score_records(records: list[dict], normalization: str) -> dict:
             "normalization": normalization}
 
 
-def resolve_answer_list(cfg: Config, loader) -> list[str] | None:
+def resolve_answer_list(cfg: Config, loader, model_dir: str | None = None) -> list[str] | None:
+    """vqa.answer_list, else the list kept in the model folder by its fine-tuning, else the shards' own."""
+    from mplug_pretrain.data.write_vqa import MODEL_ANSWER_LIST, load_answer_list
     if cfg.vqa.answer_list:
-        from mplug_pretrain.data.write_vqa import load_answer_list
         return load_answer_list(cfg.vqa.answer_list)
+    if model_dir and os.path.isfile(os.path.join(model_dir, MODEL_ANSWER_LIST)):
+        return load_answer_list(os.path.join(model_dir, MODEL_ANSWER_LIST))
     return loader.answer_list
 
 
@@ -108,7 +112,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, out: str, checkpoin
     loader = build_vqa_loader(spec, tokenizer, image_size=model.config.vision.image_size,
                               max_text_len=cfg.data.max_text_len, augment=False)
     predictor = AnswerPredictor(model, tokenizer, v.inference, v.generation, v.rank_k,
-                                resolve_answer_list(cfg, loader))
+                                resolve_answer_list(cfg, loader, checkpoint))
     start = time.time()
     records = answer_questions(predictor, loader, device, eval_autocast(cfg, model))
     seconds = time.time() - start

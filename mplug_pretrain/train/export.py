@@ -70,3 +70,17 @@ def complete_model_folder(directory: str, cfg: Config) -> None:
     the VQA decoding settings (vqa.generation)."""
     write_inference_files(directory, cfg.data.tokenizer, cfg.data.max_text_len)
     cfg.vqa.generation.save(directory)
+    save_vqa_answer_list(directory, cfg)
+
+
+def save_vqa_answer_list(directory: str, cfg: Config) -> None:
+    """A VQA run's answer list (vqa.answer_list, else the one written with vqa.train_shards) kept in its model
+    folder as ``answer_list.json``, so that `mplug eval vqa vqa.inference=rank` need not be given it again."""
+    from mplug_pretrain.data.pipeline import load_answer_list as shards_answer_list
+    from mplug_pretrain.data.write_vqa import MODEL_ANSWER_LIST, load_answer_list
+    from mplug_pretrain.utils.atomic_files import write_json_atomic
+    v = cfg.vqa
+    answers = load_answer_list(v.answer_list) if v.answer_list else (
+        shards_answer_list(v.train_shards) if v.train_shards else None)
+    if answers:
+        write_json_atomic(os.path.join(directory, MODEL_ANSWER_LIST), answers, indent=None)
