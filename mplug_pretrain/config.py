@@ -84,7 +84,10 @@ class RunConfig:
     checkpoint_every_minutes: float = 30.0
     keep_last: int = 2  # DeepSpeed tags kept in checkpoints/ (tiny: 173 MB each; README, Run folder)
     max_nonfinite_in_row: int = 5
-    tensorboard: bool = True
+    tensorboard: bool = True  # false turns TensorBoard off whatever report_to says
+    report_to: list[Literal["tensorboard", "wandb"]] = field(default_factory=lambda: ["tensorboard"])
+    wandb_project: str = "mplug_pretrain"  # report_to wandb: the project (WANDB_MODE=offline: local files only)
+    wandb_entity: str | None = None
     deterministic: bool = False
     inject_nonfinite_at_steps: list[int] = field(default_factory=list)  # testing aid: NaN loss at these steps
     compile: bool = False  # torch.compile the model (DeepSpeed engine.compile) before training
@@ -378,7 +381,11 @@ def check_path(spec: str, name: str) -> None:
     from mplug_pretrain.data.urls import all_shards, expand_sources
     if not spec.strip():
         return
-    for url in all_shards(expand_sources(spec)):
+    try:
+        urls = all_shards(expand_sources(spec))
+    except ConfigError as err:  # a folder without shards, a glob matching nothing
+        raise ConfigError(f"{name}: {str(err).removeprefix('urls: ')}") from None
+    for url in urls:
         if "://" in url or url.startswith("pipe:"):
             continue
         if not os.path.exists(url) and not glob.glob(url):
