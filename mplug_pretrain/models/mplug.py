@@ -35,7 +35,9 @@ from mplug_pretrain.models.heads.itm import ImageTextMatchingHead, sample_hard_n
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead
 from mplug_pretrain.models.heads.mlm import mask_tokens, mlm_loss
 from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
+from mplug_pretrain.models.hub import resolve_model_folder
 from mplug_pretrain.models.inference import InferenceMixin
+from mplug_pretrain.models.model_card import write_model_card
 from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.models.text import TextEncoder, pool_text
 from mplug_pretrain.models.vision import ImageEncoder, resize_positional_embedding
@@ -332,12 +334,14 @@ class MPLUG(InferenceMixin, nn.Module):
         os.makedirs(directory, exist_ok=True)
         write_model_config(self.config, os.path.join(directory, CONFIG_FILE))
         save_weights(self, os.path.join(directory, WEIGHTS_FILE))
+        write_model_card(directory)  # README.md: what the model is; rewritten as the folder grows
 
     @classmethod
     def from_pretrained(cls, directory: str, image_size: int | None = None) -> MPLUG:
-        """Load a ``save_pretrained`` folder (strict). ``image_size`` re-targets the ViT to a new input size,
+        """Load a ``save_pretrained`` folder (strict), or a Hub id ``org/name`` (models/hub.py). ``image_size`` re-targets the ViT to a new input size,
         resizing its positional embeddings bilinearly (fine-tuning at a higher resolution)."""
         from safetensors.torch import load_file
+        directory = resolve_model_folder(directory)  # a local folder, or a Hub id from huggingface_hub's cache
         config = read_model_config(os.path.join(directory, CONFIG_FILE))
         state = load_file(os.path.join(directory, WEIGHTS_FILE))
         if image_size is not None and image_size != config.vision.image_size:

@@ -11,6 +11,7 @@ import torch
 
 from mplug_pretrain.config import Config, load_config
 from mplug_pretrain.models.generation_settings import GENERATION_FILE
+from mplug_pretrain.models.model_card import write_model_card
 from mplug_pretrain.models.preprocessing import write_inference_files
 from mplug_pretrain.train.checkpoint import read_latest
 
@@ -71,6 +72,7 @@ def complete_model_folder(directory: str, cfg: Config) -> None:
     write_inference_files(directory, cfg.data.tokenizer, cfg.data.max_text_len)
     cfg.vqa.generation.save(directory)
     save_vqa_answer_list(directory, cfg)
+    write_model_card(directory)  # again: the run folder's config is known now
 
 
 def save_vqa_answer_list(directory: str, cfg: Config) -> None:
