@@ -27,6 +27,10 @@ def write_model_config(config: ModelConfig, path: str) -> None:
     values = dataclasses.asdict(config)
     values["vision"]["checkpoint_path"] = values["text"]["bert_checkpoint"] = None
     values["decoder"]["bert_checkpoint"] = None
+    default = ModelConfig().vision
+    for name in ("backbone", "backbone_kwargs", "backbone_pretrained"):  # our ViT: readable by older readers
+        if values["vision"][name] == getattr(default, name):
+            del values["vision"][name]
     with open(path, "w") as f:
         json.dump({"format_version": FORMAT_VERSION, **values}, f, indent=2)
 

@@ -110,6 +110,7 @@ class MPLUG(InferenceMixin, nn.Module):
         nn.init.normal_(self.text_encoder.embeddings.word_embeddings.weight, std=0.1)
 
     def _load_pretrained_parts(self) -> None:
+        from mplug_pretrain.models.backbones.external import load_tower_weights
         from mplug_pretrain.models.weights.bert import (
             init_decoder_from_bert,
             init_text_from_bert,
@@ -117,7 +118,9 @@ class MPLUG(InferenceMixin, nn.Module):
         )
         from mplug_pretrain.models.weights.clip_vision import load_vision_checkpoint
         v = self.config.vision
-        if v.checkpoint_path:
+        if v.checkpoint_path and v.backbone != "clip_vit":
+            load_tower_weights(self.image_encoder.vit, v.checkpoint_path)
+        elif v.checkpoint_path:
             load_vision_checkpoint(self.image_encoder.vit, v.checkpoint_path, v.checkpoint_format)
         self.init_report: dict = {}
         if self.config.text.bert_checkpoint:
@@ -313,7 +316,7 @@ class MPLUG(InferenceMixin, nn.Module):
         temperature. Momentum copies (no grad) are excluded; empty groups are left out."""
         no_decay_ids = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
         vit = self.image_encoder.vit
-        no_decay_ids |= {id(getattr(vit, name)) for name in vit.no_weight_decay()}
+        no_decay_ids |= {id(vit.get_parameter(name)) for name in vit.no_weight_decay()}
         groups: dict[str, dict] = {}
         for name, p in self.named_parameters():
             if not p.requires_grad:
@@ -345,6 +348,9 @@ class MPLUG(InferenceMixin, nn.Module):
         config = read_model_config(os.path.join(directory, CONFIG_FILE))
         state = load_file(os.path.join(directory, WEIGHTS_FILE))
         if image_size is not None and image_size != config.vision.image_size:
+            if config.vision.backbone != "clip_vit":
+                raise ConfigError(f"image_size {image_size}: re-targeting the input size is for our ViT only, not "
+                                  f"{config.vision.backbone} ({config.vision.image_size} px)")
             config.vision.image_size = image_size
             grid = image_size // config.vision.patch_size
             for key in ("image_encoder.vit.positional_embedding", "image_encoder_m.vit.positional_embedding"):

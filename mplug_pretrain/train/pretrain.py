@@ -17,7 +17,8 @@ def random_init_problem(cfg: Config) -> str | None:
     m = cfg.model
     if cfg.init_from or m.preset == "tiny" or cfg.run.allow_random_init:
         return None
-    random = [name for name, path in (("model.vision.checkpoint_path (CLIP ViT weights)", m.vision.checkpoint_path),
+    vision = m.vision.checkpoint_path or ("pretrained" if m.vision.backbone_pretrained else None)
+    random = [name for name, path in (("model.vision.checkpoint_path (CLIP ViT weights)", vision),
                                       ("model.text.bert_checkpoint (a BERT folder)", m.text.bert_checkpoint))
               if path is None]
     if not random:
@@ -56,6 +57,8 @@ def flops_per_sample(cfg: Config, batch: dict) -> float | None:
     full queue). None for a model the count does not cover (a refiner, a non-BERT decoder)."""
     from mplug_pretrain.train.flops import TextShapes, pretrain_flops_per_sample
     h = cfg.model.heads
+    if cfg.model.vision.backbone != "clip_vit":
+        return None  # the count covers our ViT only
     if not all(float(h.loss_weights.get(name, 1.0)) for name in ("itc", "itm", "mlm", "prefixlm")):
         return None  # the count assumes all four losses
     try:
