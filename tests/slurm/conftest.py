@@ -268,6 +268,7 @@ def submit_config(tmp_path) -> str:
     shard.touch()
     path = tmp_path / "tiny_run.yaml"
     path.write_text(
+        f"model:\n  preset: tiny\n"
         f"data:\n  train_shards: {shard}\nrun:\n  name: tiny_run\n  output_dir: {tmp_path / 'runs'}\n"
         f"caption:\n  val_shards: {shard}\nvqa:\n  val_shards: {shard}\n"
     )
