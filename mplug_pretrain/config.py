@@ -18,7 +18,13 @@ from typing import Literal
 
 import yaml
 
-from mplug_pretrain.config_loader import deep_merge, parse_overrides, to_dict
+from mplug_pretrain.config_loader import (
+    deep_merge,
+    find_config,
+    parse_overrides,
+    resolve_list_indices,
+    to_dict,
+)
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
 from mplug_pretrain.models.model_config import ModelConfig
@@ -80,10 +86,14 @@ class RunConfig:
     checkpoint_every_minutes: float = 30.0
     keep_last: int = 2  # DeepSpeed tags kept in checkpoints/ (tiny: 173 MB each; README, Run folder)
     max_nonfinite_in_row: int = 5
-    tensorboard: bool = True
+    tensorboard: bool = True  # false turns TensorBoard off whatever report_to says
+    report_to: list[Literal["tensorboard", "wandb"]] = field(default_factory=lambda: ["tensorboard"])
+    wandb_project: str = "mplug_pretrain"  # report_to wandb: the project (WANDB_MODE=offline: local files only)
+    wandb_entity: str | None = None
     deterministic: bool = False
     inject_nonfinite_at_steps: list[int] = field(default_factory=list)  # testing aid: NaN loss at these steps
     compile: bool = False  # torch.compile the model (DeepSpeed engine.compile) before training
+    allow_random_init: bool = False  # pretrain a base/large model without CLIP/BERT weights on purpose
     cpu_peak_flops: float | None = None  # FLOP/s to compute MFU against on CPU (None: no MFU on CPU)
 
 
@@ -235,8 +245,7 @@ def load_config(path: str | None = None, overrides: list[str] | None = None,
     """Resolve file + overrides into a validated Config (raises ConfigError)."""
     raw: dict = {}
     if path is not None:
-        if not os.path.isfile(path):
-            raise ConfigError(f"{path}: config file not found")
+        path = find_config(path)  # a path, or a config shipped in the package by name
         with open(path) as f:
             try:
                 raw = yaml.safe_load(f) or {}
@@ -257,6 +266,7 @@ def config_from_dict(raw: dict, check_paths: bool | Literal["eval"] = True) -> C
             cfg.model = get_preset_config(preset)
         except KeyError as err:
             raise ConfigError(f"model.preset: unknown preset {preset!r}") from err
+    raw = resolve_list_indices(raw, to_dict(cfg))  # `caption.stages.0.steps=5` over the default list
     cfg = build_dataclass(Config, raw, "", base=cfg)
     from mplug_pretrain.models.weights.bert import follow_bert_checkpoints
     follow_bert_checkpoints(cfg.model, raw.get("model") or {})  # sizes + compatibility, before any heavy work
@@ -402,7 +412,11 @@ def check_path(spec: str, name: str) -> None:
     from mplug_pretrain.data.urls import all_shards, expand_sources
     if not spec.strip():
         return
-    for url in all_shards(expand_sources(spec)):
+    try:
+        urls = all_shards(expand_sources(spec))
+    except ConfigError as err:  # a folder without shards, a glob matching nothing
+        raise ConfigError(f"{name}: {str(err).removeprefix('urls: ')}") from None
+    for url in urls:
         if "://" in url or url.startswith("pipe:"):
             continue
         if not os.path.exists(url) and not glob.glob(url):

@@ -1,11 +1,16 @@
 """Dotted ``key=value`` overrides on top of a YAML dict, and a dataclass tree back to a YAML-able dict.
 
+A number in a dotted key indexes a list (``caption.stages.0.steps=5``: the first stage's steps, the other stages
+and fields kept), whether the list comes from the YAML file or from the class defaults. ``find_config`` resolves
+``--config``: a path, else a name among the configs shipped inside the package (``pretrain_tiny``).
+
 The typed building of dataclasses from these dicts is ``utils/typed_dataclass.py`` (shared with model folders'
 ``config.json``); every error names the dotted field and what was expected, before any work starts.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import yaml
@@ -37,14 +42,78 @@ def parse_overrides(items: list[str]) -> dict:
     return nested
 
 
-def deep_merge(base: dict, update: dict) -> dict:
+def deep_merge(base: dict, update: dict, prefix: str = "") -> dict:
+    """``update`` on top of ``base``: mappings merged key by key, a mapping of indices into a list item by item."""
     out = dict(base)
     for key, value in update.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value, _dotted(prefix, key))
+        elif _is_index_map(value) and isinstance(out.get(key), list):
+            out[key] = merge_into_list(out[key], value, _dotted(prefix, key))
         else:
             out[key] = value
     return out
+
+
+def resolve_list_indices(raw: dict, defaults: dict, prefix: str = "") -> dict:
+    """Index overrides of lists the YAML file did not set (``caption.stages.0.steps=5`` over the default stages):
+    applied to the default list from ``defaults`` (the config's dict before the file)."""
+    out = dict(raw)
+    for key, value in raw.items():
+        default = defaults.get(key) if isinstance(defaults, dict) else None
+        if _is_index_map(value) and isinstance(default, list):
+            out[key] = merge_into_list(default, value, _dotted(prefix, key))
+        elif isinstance(value, dict) and isinstance(default, dict):
+            out[key] = resolve_list_indices(value, default, _dotted(prefix, key))
+    return out
+
+
+def merge_into_list(items: list, update: dict, key: str) -> list:
+    """``{"0": {"steps": 5}}`` into ``items``: item 0's steps replaced, the rest kept; an index past the end is
+    refused (set the whole list to add items)."""
+    out = list(items)
+    for text, value in sorted(update.items(), key=lambda kv: int(kv[0])):
+        index = int(text)
+        if index >= len(out):
+            raise ConfigError(f"{key}.{index}: index out of range ({key} has {len(out)} item(s); "
+                              f"to add items set the whole list, {key}=[...])")
+        current = out[index]
+        if isinstance(current, dict) and isinstance(value, dict):
+            out[index] = deep_merge(current, value, f"{key}.{index}")
+        elif _is_index_map(value) and isinstance(current, list):
+            out[index] = merge_into_list(current, value, f"{key}.{index}")
+        else:
+            out[index] = value
+    return out
+
+
+def _is_index_map(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and all(isinstance(k, str) and k.isdigit() for k in value)
+
+
+def _dotted(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+PACKAGE_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def find_config(path: str) -> str:
+    """``path`` when it is a file; else, for a name (``pretrain_tiny``, ``pretrain_tiny.yaml``) or a
+    ``configs/<name>.yaml`` that is not here, the config of that name shipped in the package. Raises
+    ConfigError listing the shipped names when neither exists."""
+    if os.path.isfile(path):
+        return path
+    head, name = os.path.split(path)
+    if head in ("", "configs"):
+        stem = name.removesuffix(".yaml")
+        shipped = os.path.join(PACKAGE_CONFIGS, f"{stem}.yaml")
+        if os.path.isfile(shipped):
+            return shipped
+    names = sorted(f[:-5] for f in os.listdir(PACKAGE_CONFIGS) if f.endswith(".yaml")) \
+        if os.path.isdir(PACKAGE_CONFIGS) else []
+    raise ConfigError(f"{path}: config file not found (nor a config shipped with mplug_pretrain: "
+                      f"{', '.join(names)})")
 
 
 def to_dict(obj: Any) -> Any:

@@ -20,7 +20,7 @@
 #   MPLUG_SLURM_DIR=/tmp/mplug-slurm   where everything lives
 #   MPLUG_SLURM_NODES=2                nodes node1..nodeN (one slurmd each)
 #   MPLUG_SLURM_NODE_PREFIX=node       node name prefix
-#   MPLUG_SLURM_CPUS_PER_NODE=2        CPUs advertised per node (may exceed the real cores)
+#   MPLUG_SLURM_CPUS_PER_NODE=8        CPUs advertised per node (may exceed the real cores: no binding)
 #   MPLUG_SLURM_MEM_MB=4000            RealMemory advertised per node
 #   MPLUG_SLURM_PORT=16817             slurmctld port; node K's slurmd listens on PORT+K
 #   MPLUG_SLURM_FIRST_JOB_ID=1         first job id (job scripts derive MASTER_PORT from it)
@@ -32,7 +32,7 @@ set -Eeuo pipefail
 DIR=${MPLUG_SLURM_DIR:-/tmp/mplug-slurm}
 NODES=${MPLUG_SLURM_NODES:-2}
 PREFIX=${MPLUG_SLURM_NODE_PREFIX:-node}
-CPUS=${MPLUG_SLURM_CPUS_PER_NODE:-2}
+CPUS=${MPLUG_SLURM_CPUS_PER_NODE:-8}
 MEM=${MPLUG_SLURM_MEM_MB:-4000}
 PORT=${MPLUG_SLURM_PORT:-16817}
 FIRST_JOB_ID=${MPLUG_SLURM_FIRST_JOB_ID:-1}

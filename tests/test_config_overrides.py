@@ -9,6 +9,8 @@ import pytest
 from mplug_pretrain.config import Config, load_config
 from mplug_pretrain.errors import ConfigError
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 @pytest.mark.parametrize("text", ["{}", "video{}", "[x]", "007", "true", "1e-4", "a: b"])
 def test_a_str_field_keeps_the_text_as_typed(text):
@@ -46,3 +48,41 @@ def test_checkpoints_kept_by_default(tmp_path):
         _write_latest(str(tmp_path), tag_for(step))
         _prune(str(tmp_path), keep)
     assert sorted(d for d in os.listdir(tmp_path) if d.startswith("step")) == [tag_for(30), tag_for(40)]
+
+
+def test_a_number_in_a_dotted_key_indexes_a_list():
+    """`caption.stages.0.steps=5` was refused ("expected a list"): one field of one stage, the rest kept."""
+    import yaml
+    with open(os.path.join(REPO, "configs", "caption_coco.yaml")) as f:
+        stages = yaml.safe_load(f)["caption"]["stages"]
+    cfg = load_config(os.path.join(REPO, "configs", "caption_coco.yaml"),
+                      ["caption.stages.0.steps=5", "caption.stages.1.lr_rest=1e-7"], check_paths=False)
+    assert [s.steps for s in cfg.caption.stages] == [5, stages[1]["steps"]]
+    assert cfg.caption.stages[0].lr_rest == stages[0]["lr_rest"] and cfg.caption.stages[1].lr_rest == 1e-7
+    assert [s.name for s in cfg.caption.stages] == [s["name"] for s in stages]
+    # a list the file does not set: the default list (one xe stage) is indexed
+    default = load_config(None, ["caption.stages.0.steps=7", "caption.stages.0.freeze_vision=true"],
+                          check_paths=False)
+    assert len(default.caption.stages) == 1 and default.caption.stages[0].steps == 7
+    assert default.caption.stages[0].freeze_vision is True and default.caption.stages[0].name == "xe"
+    with pytest.raises(ConfigError, match=r"caption\.stages\.2: index out of range \(caption\.stages has 2"):
+        load_config(os.path.join(REPO, "configs", "caption_coco.yaml"), ["caption.stages.2.steps=5"],
+                    check_paths=False)
+    with pytest.raises(ConfigError, match=r"caption\.stages\[0\]\.stepz: unknown key"):
+        load_config(None, ["caption.stages.0.stepz=5"], check_paths=False)
+
+
+def test_a_config_is_found_by_name_among_the_shipped_ones(tmp_path, monkeypatch):
+    """`--config pretrain_tiny` outside the repository was "not found" though the configs ship in the package."""
+    import mplug_pretrain
+    monkeypatch.chdir(tmp_path)
+    shipped = os.path.join(os.path.dirname(mplug_pretrain.__file__), "configs", "pretrain_tiny.yaml")
+    for name in ("pretrain_tiny", "pretrain_tiny.yaml", "configs/pretrain_tiny.yaml"):
+        cfg = load_config(name, check_paths=False)
+        assert cfg == load_config(shipped, check_paths=False) and cfg.model.preset == "tiny"
+    (tmp_path / "pretrain_tiny.yaml").write_text("run: {name: mine}\n")  # a file here wins over the shipped one
+    assert load_config("pretrain_tiny.yaml", check_paths=False).run.name == "mine"
+    with pytest.raises(ConfigError, match="config file not found .*pretrain_tiny"):
+        load_config("pretrain_tinyy", check_paths=False)
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("elsewhere/pretrain_tiny.yaml", check_paths=False)

@@ -172,6 +172,8 @@ def workspace(tmp_path_factory):
     os.makedirs(root / "nlvr2" / "data")
     with open(root / "nlvr2" / "data" / "train.json", "w") as f:
         f.write(json.dumps({"identifier": "train-10-0-0", "sentence": "Two photos.", "label": "True"}) + "\n")
+    from tests.data.test_img2dataset_layout import write_img2dataset_folder
+    write_img2dataset_folder(str(root / "laion_shards"), [3, 2])  # README, img2dataset shards
     torch.manual_seed(0)
     model = build_model("tiny")
     for folder in (MODEL_FOLDER, "runs/pretrain_base/model", "runs/demo/pretrain/model", "runs/pretrain_a/model",

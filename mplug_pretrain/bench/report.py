@@ -73,6 +73,12 @@ def comparison_rows(results: str) -> tuple[list[list[str]], list[str]]:
             add("attention", what, _fmt(row["ours_seconds"], " s"),
                 f"transformers ({row['transformers_attn_implementation']}) {_fmt(row['transformers_seconds'], ' s')}",
                 row["ratio"], r, "attention-peer")
+    if (r := _load(results, "vision_tower")):
+        for row in r["rows"]:
+            add("vision tower", f"our ViT vs timm {r['timm_model']}, {row['mode']}, {row['width']} wide, "
+                f"{row['layers']} layers, batch {row['batch']}, {row['image_size']} px, fp32",
+                _fmt(row["ours_seconds"], " s"), f"timm {_fmt(row['timm_seconds'], ' s')}", row["ratio"], r,
+                "vision-tower")
     if (r := _load(results, "fusion")):
         by = {(row["variant"], row["visual_tokens"]): row for row in r["rows"]}
         for tokens in sorted({row["visual_tokens"] for row in r["rows"]}):

@@ -133,6 +133,11 @@ def _bench_attention_peer():
     return attention_peer
 
 
+def _bench_vision_tower():
+    from mplug_pretrain.bench import vision_tower
+    return vision_tower
+
+
 BENCHES = {  # `mplug bench <name>`
     "dataloader": _bench_dataloader,
     "fusion": _bench_fusion,
@@ -142,6 +147,7 @@ BENCHES = {  # `mplug bench <name>`
     "feature-cache": _bench_feature_cache,
     "data-peer": _bench_data_peer,
     "attention-peer": _bench_attention_peer,
+    "vision-tower": _bench_vision_tower,
 }
 
 

@@ -23,13 +23,16 @@ batches, so it yields exactly batches k, k+1, ... of the uninterrupted epoch.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import random
 from dataclasses import dataclass
 
 from mplug_pretrain.errors import DataError
 
-SHARD_SPLIT_SLACK = 1.1  # shard split may cost at most 10% more batches than sample split
+log = logging.getLogger(__name__)
+SHARD_SPLIT_SLACK = 1.1
+_WARNED: set = set()  # (shards, rows) already warned about  # shard split may cost at most 10% more batches than sample split
 
 
 def derive_seed(*parts) -> int:
@@ -65,6 +68,21 @@ class ExactPlan:
         self.split = ("shard" if len(shards) >= self.num_slots and shard_batches <= SHARD_SPLIT_SLACK * sample_batches
                       else "sample")
         self.batches_per_slot = shard_batches if self.split == "shard" else sample_batches
+        if shuffle:  # training (evaluation reads in order and drops the filler)
+            self._warn_filler()
+
+    def _warn_filler(self) -> None:
+        """A batch larger than the data set (or than a worker's share of it) is topped up with repeats: say so
+        (once per process and layout; loaders are rebuilt every epoch) when they are a quarter or more of the
+        rows an epoch yields."""
+        rows = self.num_batches * self.world_size * self.batch_size
+        filler, key = rows - self.total, (tuple(self.shards), rows)
+        if filler * 4 >= rows and key not in _WARNED:
+            _WARNED.add(key)
+            log.warning("data: %d sample(s) but an epoch yields %d rows (%d batch(es) of %d per rank, %d rank(s), "
+                        "%d worker(s) each filling whole batches): %d (%.0f%%) repeat samples (flagged is_pad). "
+                        "Lower the batch size or the loader workers, or add data", self.total, rows,
+                        self.num_batches, self.batch_size, self.world_size, self.workers, filler, 100.0 * filler / rows)
 
     def _balanced_groups(self) -> list[list[int]]:
         loads = [0] * self.num_slots

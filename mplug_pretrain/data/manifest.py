@@ -106,8 +106,28 @@ def shard_sample_counts(shard_urls: list[str]) -> list[int]:
         mpath = manifest_path(folder)
         listed = _manifest_counts(folder, os.path.getmtime(mpath)) if os.path.exists(mpath) else {}
         base = os.path.basename(path)
-        counts.append(listed[base] if base in listed else count_tar_samples(path))
+        if base in listed:
+            counts.append(listed[base])
+        else:
+            stats = img2dataset_count(path)
+            counts.append(stats if stats is not None else count_tar_samples(path))
     return counts
+
+
+def img2dataset_count(path: str) -> int | None:
+    """The samples img2dataset wrote into ``NNNNN.tar``: ``successes`` of ``NNNNN_stats.json`` beside it (the
+    images it could not fetch or resize are counted there as failures and not in the tar); None without one."""
+    stats = os.path.splitext(path)[0] + "_stats.json"
+    if not os.path.isfile(stats):
+        return None
+    try:
+        with open(stats) as f:
+            successes = json.load(f).get("successes")
+    except (OSError, json.JSONDecodeError, AttributeError) as err:
+        raise DataError(f"{stats}: unreadable img2dataset stats ({err})") from err
+    if not isinstance(successes, int) or successes < 0:
+        raise DataError(f"{stats}: expected an integer 'successes', got {successes!r}")
+    return successes
 
 
 def count_tar_samples(path: str) -> int:

@@ -1,9 +1,15 @@
 """Shard specs -> sources: ``"a/train-{000000..000009}.tar::b/part-{0..3}.tar"`` is two sources
 (split at ``::``, each brace-expanded with ``braceexpand``, as open_clip does). Optional weights, one
 per source (``"1::3"`` or ``[1, 3]``), drive weighted sampling of sources in resampled mode.
+
+A source may also be a local folder (its ``*.tar`` files, sorted: img2dataset's output folder, whose
+``.parquet`` / ``_stats.json`` files are not shards) or a glob (``shards/*.tar``, sorted); one that names no
+shard is a ConfigError, not a late "no samples".
 """
 from __future__ import annotations
 
+import glob
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,7 +28,7 @@ def expand_sources(urls: str | Sequence[str], weights: str | Sequence[float] | N
     """A list of URLs is one source; a string is split at ``::`` and brace-expanded."""
     if isinstance(urls, str):
         parts = [p.strip() for p in urls.split("::") if p.strip()]
-        groups = [tuple(braceexpand.braceexpand(p)) for p in parts]
+        groups = [tuple(url for q in braceexpand.braceexpand(p) for url in _local_files(q)) for p in parts]
     else:
         groups = [tuple(urls)]
     if not groups or not all(groups):
@@ -40,6 +46,23 @@ def expand_sources(urls: str | Sequence[str], weights: str | Sequence[float] | N
         if any(w < 0 for w in values) or sum(values) <= 0:
             raise ConfigError(f"weights: {values} must be >= 0 with a positive sum")
     return [ShardSource(g, w) for g, w in zip(groups, values)]
+
+
+def _local_files(url: str) -> list[str]:
+    """A folder -> its sorted ``*.tar``; a glob -> its sorted matches; anything else as it is."""
+    if "://" in url or url.startswith("pipe:"):
+        return [url]
+    if os.path.isdir(url):
+        found = sorted(glob.glob(os.path.join(glob.escape(url), "*.tar")))
+        if not found:
+            raise ConfigError(f"urls: folder {url} holds no .tar shards")
+        return found
+    if glob.has_magic(url) and not os.path.exists(url):
+        found = sorted(glob.glob(url))
+        if not found:
+            raise ConfigError(f"urls: no file matches {url}")
+        return found
+    return [url]
 
 
 def all_shards(sources: list[ShardSource]) -> list[str]:

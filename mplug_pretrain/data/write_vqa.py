@@ -22,6 +22,7 @@ from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 _UNSAFE_KEY = re.compile(r"[^A-Za-z0-9_\-]")
 ANNOTATION_FIELDS = ("multiple_choice_answer", "question_type", "answer_type")
+MODEL_ANSWER_LIST = "answer_list.json"  # in a VQA model folder: the answers it was fine-tuned to rank
 
 
 def load_answer_list(path: str) -> list[str]:

@@ -24,7 +24,6 @@ import torch.distributed as dist
 from torch import nn
 
 from mplug_pretrain.config import Config
-from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.eval.common import beside_metrics, load_eval_model, metrics_path, write_metrics
 from mplug_pretrain.models.generation_settings import GENERATION_FILE, GenerationSettings  # noqa: F401 (re-export)
 from mplug_pretrain.models.inference import caption_images
@@ -110,10 +109,9 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
 def run(cfg: Config, checkpoint: str, out: str | None = None) -> dict:
     """`mplug eval caption --config FILE --checkpoint DIR [--out FILE]` -> metrics dict."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
+    from mplug_pretrain.eval.inputs import require_inputs
+    require_inputs("caption", cfg)
     shards = cfg.eval.shards or cfg.caption.val_shards
-    if not shards:
-        raise ConfigError("eval.shards / caption.val_shards: one is required (image-layout caption shards with "
-                          "json.captions references, e.g. `mplug make-shards coco --split test --layout image`)")
     model = load_eval_model(cfg, checkpoint)
     return evaluate_model(model, cfg, load_tokenizer(cfg.data.tokenizer), shards, metrics_path(cfg, "caption", out),
                           checkpoint=checkpoint)

@@ -27,6 +27,7 @@ from mplug_pretrain.eval.common import (
     real_rows,
     write_metrics,
 )
+from mplug_pretrain.eval.inputs import require_inputs
 
 
 def classification_loader(cfg: Config, task: ClassificationTask, tokenizer, image_size: int, spec):
@@ -72,8 +73,7 @@ def evaluate_model(model: nn.Module, cfg: Config, task: ClassificationTask, toke
                    checkpoint: str | None = None) -> dict:
     from mplug_pretrain.data.loader_spec import LoaderSpec
     section = getattr(cfg, task.section)
-    if not section.val_shards:
-        raise ConfigError(f"{task.section}.val_shards: the examples to classify are required by `mplug eval {task.name}`")
+    require_inputs(task.name, cfg)
     if model.classifier is None or model.config.heads.classifier_classes != len(task.labels):
         raise ConfigError(f"--checkpoint {checkpoint}: no {task.name} classifier ({len(task.labels)} classes); "
                           f"evaluate a model fine-tuned by `mplug finetune {task.name}`")

@@ -13,6 +13,7 @@ The answer list: ``vqa.answer_list``, else the one the val shards' manifest name
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import torch
@@ -30,6 +31,7 @@ from mplug_pretrain.eval.common import (
     real_rows,
     write_metrics,
 )
+from mplug_pretrain.eval.inputs import require_inputs
 from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa, write_vqa_submission
 from mplug_pretrain.eval.vqa_ranking import rank_answers
 from mplug_pretrain.models.generation_settings import AnswerSettings
@@ -88,10 +90,13 @@ def score_records(records: list[dict], normalization: str) -> dict:
             "normalization": normalization}
 
 
-def resolve_answer_list(cfg: Config, loader) -> list[str] | None:
+def resolve_answer_list(cfg: Config, loader, model_dir: str | None = None) -> list[str] | None:
+    """vqa.answer_list, else the list kept in the model folder by its fine-tuning, else the shards' own."""
+    from mplug_pretrain.data.write_vqa import MODEL_ANSWER_LIST, load_answer_list
     if cfg.vqa.answer_list:
-        from mplug_pretrain.data.write_vqa import load_answer_list
         return load_answer_list(cfg.vqa.answer_list)
+    if model_dir and os.path.isfile(os.path.join(model_dir, MODEL_ANSWER_LIST)):
+        return load_answer_list(os.path.join(model_dir, MODEL_ANSWER_LIST))
     return loader.answer_list
 
 
@@ -100,15 +105,14 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, out: str, checkpoin
     from mplug_pretrain.data.loader_spec import LoaderSpec
     from mplug_pretrain.data.pipeline import build_vqa_loader
     v = cfg.vqa
-    if not v.val_shards:
-        raise ConfigError("vqa.val_shards: the questions to answer are required by `mplug eval vqa`")
+    require_inputs("vqa", cfg)
     device = eval_device()
     model = model.to(device).eval()
     spec = LoaderSpec.evaluation(v.val_shards, cfg.eval.batch_size, cfg.data.num_workers, rank=0, world_size=1)
     loader = build_vqa_loader(spec, tokenizer, image_size=model.config.vision.image_size,
                               max_text_len=cfg.data.max_text_len, augment=False)
     predictor = AnswerPredictor(model, tokenizer, v.inference, v.generation, v.rank_k,
-                                resolve_answer_list(cfg, loader))
+                                resolve_answer_list(cfg, loader, checkpoint))
     start = time.time()
     records = answer_questions(predictor, loader, device, eval_autocast(cfg, model))
     seconds = time.time() - start

@@ -35,7 +35,9 @@ from mplug_pretrain.models.heads.itm import ImageTextMatchingHead, sample_hard_n
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead
 from mplug_pretrain.models.heads.mlm import mask_tokens, mlm_loss
 from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
+from mplug_pretrain.models.hub import resolve_model_folder
 from mplug_pretrain.models.inference import InferenceMixin
+from mplug_pretrain.models.model_card import write_model_card
 from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.models.text import TextEncoder, pool_text
 from mplug_pretrain.models.vision import ImageEncoder, resize_positional_embedding
@@ -108,6 +110,7 @@ class MPLUG(InferenceMixin, nn.Module):
         nn.init.normal_(self.text_encoder.embeddings.word_embeddings.weight, std=0.1)
 
     def _load_pretrained_parts(self) -> None:
+        from mplug_pretrain.models.backbones.external import load_tower_weights
         from mplug_pretrain.models.weights.bert import (
             init_decoder_from_bert,
             init_text_from_bert,
@@ -115,7 +118,9 @@ class MPLUG(InferenceMixin, nn.Module):
         )
         from mplug_pretrain.models.weights.clip_vision import load_vision_checkpoint
         v = self.config.vision
-        if v.checkpoint_path:
+        if v.checkpoint_path and v.backbone != "clip_vit":
+            load_tower_weights(self.image_encoder.vit, v.checkpoint_path)
+        elif v.checkpoint_path:
             load_vision_checkpoint(self.image_encoder.vit, v.checkpoint_path, v.checkpoint_format)
         self.init_report: dict = {}
         if self.config.text.bert_checkpoint:
@@ -311,7 +316,7 @@ class MPLUG(InferenceMixin, nn.Module):
         temperature. Momentum copies (no grad) are excluded; empty groups are left out."""
         no_decay_ids = {id(m.weight) for m in self.modules() if isinstance(m, nn.Embedding)}
         vit = self.image_encoder.vit
-        no_decay_ids |= {id(getattr(vit, name)) for name in vit.no_weight_decay()}
+        no_decay_ids |= {id(vit.get_parameter(name)) for name in vit.no_weight_decay()}
         groups: dict[str, dict] = {}
         for name, p in self.named_parameters():
             if not p.requires_grad:
@@ -332,15 +337,20 @@ class MPLUG(InferenceMixin, nn.Module):
         os.makedirs(directory, exist_ok=True)
         write_model_config(self.config, os.path.join(directory, CONFIG_FILE))
         save_weights(self, os.path.join(directory, WEIGHTS_FILE))
+        write_model_card(directory)  # README.md: what the model is; rewritten as the folder grows
 
     @classmethod
     def from_pretrained(cls, directory: str, image_size: int | None = None) -> MPLUG:
-        """Load a ``save_pretrained`` folder (strict). ``image_size`` re-targets the ViT to a new input size,
+        """Load a ``save_pretrained`` folder (strict), or a Hub id ``org/name`` (models/hub.py). ``image_size`` re-targets the ViT to a new input size,
         resizing its positional embeddings bilinearly (fine-tuning at a higher resolution)."""
         from safetensors.torch import load_file
+        directory = resolve_model_folder(directory)  # a local folder, or a Hub id from huggingface_hub's cache
         config = read_model_config(os.path.join(directory, CONFIG_FILE))
         state = load_file(os.path.join(directory, WEIGHTS_FILE))
         if image_size is not None and image_size != config.vision.image_size:
+            if config.vision.backbone != "clip_vit":
+                raise ConfigError(f"image_size {image_size}: re-targeting the input size is for our ViT only, not "
+                                  f"{config.vision.backbone} ({config.vision.image_size} px)")
             config.vision.image_size = image_size
             grid = image_size // config.vision.patch_size
             for key in ("image_encoder.vit.positional_embedding", "image_encoder_m.vit.positional_embedding"):

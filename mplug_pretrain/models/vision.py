@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.models.backbones.external import ExternalTower, parse_backbone
 from mplug_pretrain.models.checkpointing import run_layer
 from mplug_pretrain.models.decoder_factory import build_visual_refiner
 from mplug_pretrain.models.model_config import VisionConfig, VisualRefinerConfig
@@ -139,18 +140,26 @@ class VisualProjection(nn.Module):
 
 
 class ImageEncoder(nn.Module):
-    """image [B, 3, H, W] -> visual states [B, 1 + M, text_width]: ViT, projection (if widths differ), refiner."""
+    """image [B, 3, H, W] -> visual states [B, 1 + M, text_width]: ViT (ours, or a timm / open_clip tower by
+    ``vision.backbone``: models/backbones), projection (if widths differ), refiner."""
 
     def __init__(self, cfg: VisionConfig, text_width: int, dropout: float, refiner: VisualRefinerConfig):
         super().__init__()
-        self.vit = VisionTransformer(cfg.image_size, cfg.patch_size, cfg.width, cfg.layers, cfg.heads, cfg.mlp_ratio)
+        self.vit: nn.Module
+        if parse_backbone(cfg.backbone)[0] == "clip_vit":
+            self.vit = VisionTransformer(cfg.image_size, cfg.patch_size, cfg.width, cfg.layers, cfg.heads,
+                                         cfg.mlp_ratio)
+            width, grid = cfg.width, cfg.image_size // cfg.patch_size
+        else:  # a timm / open_clip tower: its own width and grid
+            self.vit = ExternalTower(cfg.backbone, cfg.image_size, cfg.backbone_kwargs, cfg.backbone_pretrained)
+            width, grid = self.vit.width, self.vit.grid
         self.projection: VisualProjection | None = None
-        if cfg.width != text_width:
+        if width != text_width:
             if not cfg.project_to_text_width:
-                raise ConfigError(f"model.vision.project_to_text_width: vision width {cfg.width} differs from "
+                raise ConfigError(f"model.vision.project_to_text_width: vision width {width} differs from "
                                   f"text width {text_width}; a projection is required")
-            self.projection = VisualProjection(cfg.width, text_width, dropout)
-        self.refiner = build_visual_refiner(refiner, width=text_width, grid_size=cfg.image_size // cfg.patch_size)
+            self.projection = VisualProjection(width, text_width, dropout)
+        self.refiner = build_visual_refiner(refiner, width=text_width, grid_size=grid)
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         return states_from_vit_tokens(self, self.vit(image))

@@ -14,8 +14,14 @@ runs ``scontrol requeue`` and the next start continues from the latest checkpoin
 (``--resume auto``). Evaluation has nothing to save: a signalled array task is requeued and
 evaluates again from the start.
 
-Everything a user typed reaches bash through :func:`shlex.quote` (one word, never expanded);
-values that must go into ``#SBATCH`` lines (not parsed by bash) are restricted to safe characters.
+Environment: ``setup`` lines (``module load cuda/12.4``, ``source ~/venvs/mplug/bin/activate``) run in the
+batch shell before ``srun``, so every task inherits what they set; the command is then ``python -m
+mplug_pretrain`` as found on the PATH they leave (the submitting machine's venv python only when no setup is
+given). They run with ``set -u`` off (module and conda scripts read unset variables) and stop the job on error.
+
+Everything a user typed reaches bash through :func:`shlex.quote` (one word, never expanded), except the
+setup lines, which are shell by intent; values that must go into ``#SBATCH`` lines (not parsed by bash) are
+restricted to safe characters.
 """
 
 from __future__ import annotations
@@ -33,6 +39,14 @@ MAX_SIGNAL_SECONDS = 65535  # sbatch --signal limit
 _SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:/+@=-]+$")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)$")
 _ARRAY_ITEM = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+_MEM = re.compile(r"^\d+[KMGT]?$")
+_SBATCH_ARG = re.compile(r"^--([a-z][a-z0-9-]*)(?:=(.+))?$")
+# options the script sets itself (or that would break it): a pass-through may not repeat them
+_OWN_OPTIONS = frozenset({
+    "job-name", "nodes", "ntasks-per-node", "ntasks", "gpus-per-node", "cpus-per-task", "mem", "time",
+    "partition", "account", "array", "chdir", "output", "error", "open-mode", "signal", "requeue", "no-requeue",
+    "wrap", "parsable",
+})
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,9 @@ class SlurmJob:
     account: str | None = None
     cpus_per_task: int | None = None
     array: str | None = None  # eval only; default: every index of ``commands``
+    mem: str | None = None  # per node, sbatch's form: 64G, 500000M, 0 (all of it)
+    setup: tuple[str, ...] = ()  # shell lines run before srun (module load, venv activation)
+    sbatch_args: tuple[str, ...] = ()  # further #SBATCH options, e.g. --qos=high, --constraint=a100
 
     @property
     def script_path(self) -> str:
@@ -107,6 +124,20 @@ def check_sbatch_value(value: str, option: str) -> str:
     return value
 
 
+def check_sbatch_arg(arg: str) -> str:
+    """A pass-through ``--name[=value]`` option for an ``#SBATCH`` line (not one the script sets itself)."""
+    match = _SBATCH_ARG.match(arg)
+    if not match:
+        raise ConfigError(f"--sbatch-arg: expected --name or --name=value (e.g. --qos=high), got {arg!r}")
+    if match[1] in _OWN_OPTIONS:
+        raise ConfigError(
+            f"--sbatch-arg {arg}: --{match[1]} is set by mplug submit; use its own option "
+            "(--nodes, --gpus-per-node, --cpus-per-task, --mem, --time, --partition, --account, --array, "
+            "--job-name, --signal-seconds)"
+        )
+    return check_sbatch_value(arg, "--sbatch-arg")
+
+
 def validate(job: SlurmJob) -> None:
     if job.kind not in KINDS:
         raise ConfigError(f"kind: expected one of {', '.join(KINDS)}, got {job.kind!r}")
@@ -137,6 +168,13 @@ def validate(job: SlurmJob) -> None:
                 f"--array: indices {outside} are beyond the {len(job.commands)} evaluations "
                 f"(0-{len(job.commands) - 1})"
             )
+    if job.mem is not None and not _MEM.match(job.mem):
+        raise ConfigError(f"--mem: expected a size per node like 64G, 512000M or 0 (all), got {job.mem!r}")
+    for arg in job.sbatch_args:
+        check_sbatch_arg(arg)
+    for line in job.setup:
+        if "\n" in line or "\r" in line:
+            raise ConfigError(f"--setup: one line per --setup, got {line!r}")
     check_sbatch_value(job.job_name, "--job-name")
     for option, value in (("--partition", job.partition), ("--account", job.account)):
         if value is not None:
@@ -154,6 +192,8 @@ def _sbatch_lines(job: SlurmJob) -> list[str]:
         options.append(f"--gpus-per-node={job.gpus_per_node}")
     if job.cpus_per_task:
         options.append(f"--cpus-per-task={job.cpus_per_task}")
+    if job.mem:
+        options.append(f"--mem={job.mem}")
     options.append(f"--time={job.time}")
     if job.partition:
         options.append(f"--partition={job.partition}")
@@ -167,6 +207,7 @@ def _sbatch_lines(job: SlurmJob) -> list[str]:
         "--open-mode=append",  # a requeued run appends to the same log
         f"--signal=B:USR1@{job.signal_seconds}",
         "--requeue",
+        *job.sbatch_args,
     ]
     return [f"#SBATCH {option}" for option in options]
 
@@ -213,7 +254,7 @@ _TEMPLATE = """\
 set -euo pipefail
 
 RUN_DIR={run_dir}
-{commands}
+{setup}{commands}
 
 # first node; sed reads every line (head -n1 may exit early and fail the pipe under pipefail)
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
@@ -256,7 +297,12 @@ def render_script(job: SlurmJob) -> str:
         if job.cpus_per_task
         else ""
     )
+    setup = ""
+    if job.setup:
+        setup = ("# environment (--setup), before srun so that every task inherits it\nset +u\n"
+                 + "\n".join(job.setup) + "\nset -u\n")
     return _TEMPLATE.format(
+        setup=setup,
         kind=job.kind,
         script=shlex.quote(job.script_path),
         sbatch="\n".join(_sbatch_lines(job)),

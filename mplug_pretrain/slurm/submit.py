@@ -6,6 +6,12 @@
     mplug submit eval caption,retrieval --nodes 1 --time 02:00:00 --config FILE \\
         --checkpoint runs/a/model runs/b/model eval.batch_size=64
 
+Environment: ``--setup LINE`` (repeatable) runs shell lines before ``srun`` (``module load``, activating a
+venv or conda environment), then each task runs ``python -m mplug_pretrain`` from the PATH they leave. Without
+``--setup`` the tasks run this machine's python (``sys.executable``: a venv shared with the compute nodes).
+``--cpus-per-task`` defaults to the config's loader workers + 2 (a warning when set lower: Slurm's default is
+one CPU per task); ``--mem`` and ``--sbatch-arg --qos=high`` (repeatable) go into ``#SBATCH`` lines.
+
 Eval submits a job array: one array task per (task, checkpoint) pair, in that order, each writing
 ``<run_dir>/eval/<index>-<task>-<checkpoint label>.json`` (passed to ``mplug eval`` as ``--out``), the label
 naming the checkpoint's run and step (``checkpoint_label``). ``key=value`` words after ``--checkpoint``
@@ -16,12 +22,14 @@ The script layout and the preemption protocol are described in :mod:`mplug_pretr
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import subprocess
 import sys
 from collections.abc import Collection
 
+from mplug_pretrain.config_loader import find_config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.slurm.script import (
     SlurmJob,
@@ -29,6 +37,8 @@ from mplug_pretrain.slurm.script import (
     default_signal_seconds,
 )
 from mplug_pretrain.utils.atomic_files import write_text_atomic
+
+log = logging.getLogger(__name__)
 
 
 def checkpoint_label(path: str) -> str:
@@ -66,9 +76,15 @@ def build_job(kind: str, args: argparse.Namespace, eval_tasks: Collection[str] =
     if kind == "eval":
         split_checkpoint_overrides(args)
     cfg = load_config(args.config, args.overrides)
+    if kind == "pretrain":
+        from mplug_pretrain.train.pretrain import random_init_problem
+        problem = random_init_problem(cfg)
+        if problem:
+            raise ConfigError(problem)
     run_dir = os.path.abspath(cfg.run_dir)
-    config = os.path.abspath(args.config)
-    python = args.python or sys.executable
+    config = os.path.abspath(find_config(args.config))  # a shipped config by name: its path in the package
+    setup = tuple(getattr(args, "setup", None) or ())
+    python = args.python or ("python" if setup else sys.executable)
     if os.sep in python:
         python = os.path.abspath(python)  # not realpath: a venv's python is a symlink that must stay one
     program = (python, "-m", "mplug_pretrain")
@@ -78,7 +94,7 @@ def build_job(kind: str, args: argparse.Namespace, eval_tasks: Collection[str] =
     elif kind == "finetune":
         commands = [(*program, "finetune", args.task, "--config", config, "--resume", "auto", *overrides)]
     else:
-        commands = _eval_commands(program, config, run_dir, args, overrides, eval_tasks)
+        commands = _eval_commands(program, config, run_dir, args, overrides, eval_tasks, cfg)
     job_name = args.job_name or check_sbatch_value(
         f"{cfg.run.name}-{kind}", "run.name (the default --job-name)"
     )
@@ -95,14 +111,46 @@ def build_job(kind: str, args: argparse.Namespace, eval_tasks: Collection[str] =
         signal_seconds=signal_seconds,
         partition=args.partition,
         account=args.account,
-        cpus_per_task=args.cpus_per_task,
+        cpus_per_task=cpus_per_task(cfg, kind, args.cpus_per_task),
         array=getattr(args, "array", None),
+        mem=getattr(args, "mem", None),
+        setup=setup,
+        sbatch_args=tuple(getattr(args, "sbatch_arg", None) or ()),
     )
+
+
+def cpus_per_task(cfg, kind: str, given: int | None) -> int:
+    """``given``, or the loader workers + 2 (the training process and one spare); warns when ``given`` is lower."""
+    workers = cfg.data.num_workers if kind != "eval" else max(cfg.data.num_workers, cfg.eval.num_workers)
+    wanted = workers + 2
+    if given is None:
+        return wanted
+    if given < wanted:
+        log.warning("--cpus-per-task %d is below the %d loader worker(s) + 2 the config asks for "
+                    "(data.num_workers / eval.num_workers): the workers will share %d CPU(s); pass "
+                    "--cpus-per-task %d or lower the workers", given, workers, given, wanted)
+    return given
+
+
+def check_every_evaluation(cfg, tasks: list[str], checkpoints: list[str]) -> None:
+    """Each (task, checkpoint) the array would run, checked as ``mplug eval`` checks it before loading: every
+    problem is listed in one ConfigError, so nothing is submitted that would fail on the cluster."""
+    from mplug_pretrain.eval.inputs import check_eval_inputs
+    problems = []
+    for task in tasks:
+        for checkpoint in checkpoints:
+            try:
+                check_eval_inputs(task, cfg, checkpoint)
+            except ConfigError as err:
+                if str(err) not in problems:
+                    problems.append(str(err))
+    if problems:
+        raise ConfigError("submit eval: nothing submitted:\n  " + "\n  ".join(problems))
 
 
 def _eval_commands(
     program: tuple[str, ...], config: str, run_dir: str, args: argparse.Namespace, overrides: tuple[str, ...],
-    eval_tasks: Collection[str],
+    eval_tasks: Collection[str], cfg,
 ) -> list[tuple[str, ...]]:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in tasks if t not in eval_tasks]
@@ -114,6 +162,7 @@ def _eval_commands(
     for given, path in zip(args.checkpoint, checkpoints):
         if not os.path.exists(path):
             raise ConfigError(f"--checkpoint: {given!r} does not exist")
+    check_every_evaluation(cfg, tasks, checkpoints)
     commands = []
     for task in tasks:
         for checkpoint in checkpoints:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 
 from torch import nn
 
@@ -10,6 +11,8 @@ from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.train.finetune_image_size import finetune_image_size
+
+log = logging.getLogger(__name__)
 
 
 def training_image_size(cfg: Config) -> int:
@@ -43,11 +46,15 @@ def load_caption_model(directory: str, model_cfg: ModelConfig, image_size: int |
     pretrained = MPLUG.from_pretrained(directory, image_size=image_size)
     config = copy.deepcopy(pretrained.config)
     state = pretrained.state_dict()
-    if model_cfg.decoder.type != config.decoder.type:
-        config.decoder = copy.deepcopy(model_cfg.decoder)
-        state = {k: v for k, v in state.items() if not k.startswith("decoder.")}
-    if model_cfg.refiner.type != config.refiner.type:
-        config.refiner = copy.deepcopy(model_cfg.refiner)
-        state = {k: v for k, v in state.items() if not k.startswith("image_encoder.refiner.")}
+    for part, prefix in (("decoder", "decoder."), ("refiner", "image_encoder.refiner.")):
+        ours, theirs = getattr(model_cfg, part).type, getattr(config, part).type
+        if ours != theirs:
+            setattr(config, part, copy.deepcopy(getattr(model_cfg, part)))
+            dropped = [k for k in state if k.startswith(prefix)]
+            state = {k: v for k, v in state.items() if not k.startswith(prefix)}
+            if dropped:
+                log.warning("init_from %s: its %s %r (%d tensors) is not loaded: model.%s.type is %r, trained "
+                            "from random init (set model.%s.type=%s to keep the pretrained one)", directory, part,
+                            theirs, len(dropped), part, ours, part, theirs)
     del pretrained
     return captioner(config, state)

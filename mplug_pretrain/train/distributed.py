@@ -108,6 +108,12 @@ def resolve_backend(requested: str = "auto") -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def local_device(local_rank: int, visible: int) -> int:
+    """The CUDA device of a rank: its local rank modulo the visible devices. With one GPU bound to each task
+    (srun --gpus-per-task, or a site's cgroup binding) every task sees device 0 while SLURM_LOCALID goes 0..7."""
+    return local_rank % max(visible, 1)
+
+
 def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> WorldInfo:
     """Initialise torch.distributed (through DeepSpeed, which then reuses the group)."""
     import torch
@@ -117,7 +123,7 @@ def init_distributed(backend: str = "auto", timeout_minutes: float = 30.0) -> Wo
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     else:
-        torch.cuda.set_device(info.local_rank)
+        torch.cuda.set_device(local_device(info.local_rank, torch.cuda.device_count()))
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     fresh_locks = clear_stale_build_locks()
     if fresh_locks:

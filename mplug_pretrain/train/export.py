@@ -11,6 +11,7 @@ import torch
 
 from mplug_pretrain.config import Config, load_config
 from mplug_pretrain.models.generation_settings import GENERATION_FILE
+from mplug_pretrain.models.model_card import write_model_card
 from mplug_pretrain.models.preprocessing import write_inference_files
 from mplug_pretrain.train.checkpoint import read_latest
 
@@ -70,3 +71,18 @@ def complete_model_folder(directory: str, cfg: Config) -> None:
     the VQA decoding settings (vqa.generation)."""
     write_inference_files(directory, cfg.data.tokenizer, cfg.data.max_text_len)
     cfg.vqa.generation.save(directory)
+    save_vqa_answer_list(directory, cfg)
+    write_model_card(directory)  # again: the run folder's config is known now
+
+
+def save_vqa_answer_list(directory: str, cfg: Config) -> None:
+    """A VQA run's answer list (vqa.answer_list, else the one written with vqa.train_shards) kept in its model
+    folder as ``answer_list.json``, so that `mplug eval vqa vqa.inference=rank` need not be given it again."""
+    from mplug_pretrain.data.pipeline import load_answer_list as shards_answer_list
+    from mplug_pretrain.data.write_vqa import MODEL_ANSWER_LIST, load_answer_list
+    from mplug_pretrain.utils.atomic_files import write_json_atomic
+    v = cfg.vqa
+    answers = load_answer_list(v.answer_list) if v.answer_list else (
+        shards_answer_list(v.train_shards) if v.train_shards else None)
+    if answers:
+        write_json_atomic(os.path.join(directory, MODEL_ANSWER_LIST), answers, indent=None)

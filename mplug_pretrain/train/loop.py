@@ -32,7 +32,7 @@ from mplug_pretrain.train.checkpoint import TrainerState, load_checkpoint, resol
 from mplug_pretrain.train.distributed import init_distributed
 from mplug_pretrain.train.engine import build_engine, momentum_update, save_final_model, train_autocast
 from mplug_pretrain.train.flops import current_peak_flops, mfu
-from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, truncate_log
+from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, reporters, truncate_log
 from mplug_pretrain.train.schedule import apply_lr
 from mplug_pretrain.train.signals import PREEMPTED_MARKER, StopRequest
 from mplug_pretrain.utils import process_group
@@ -185,7 +185,7 @@ def _resume(run: _Run, resume: str | None) -> None:
         if run.rank == 0:
             truncate_log(run.run_dir, run.state.global_step)
     run.stop = StopRequest().install()
-    run.log = RunLog(run.run_dir, cfg.optim.max_steps, enabled=run.rank == 0, tensorboard=cfg.run.tensorboard,
+    run.log = RunLog(run.run_dir, cfg.optim.max_steps, enabled=run.rank == 0, **reporters(cfg),
                      print_every=cfg.run.log_every, initial_step=run.state.global_step)
     if tag is not None:
         s = run.state

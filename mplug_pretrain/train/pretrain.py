@@ -10,6 +10,26 @@ from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training
 
 
+def random_init_problem(cfg: Config) -> str | None:
+    """Why pretraining ``cfg`` would start a base/large model from random CLIP or BERT weights (None when it
+    would not): the paper's recipe starts from CLIP ViT and BERT-base, and a job of many GPU-days from random
+    weights is refused unless ``run.allow_random_init`` says it is meant."""
+    m = cfg.model
+    if cfg.init_from or m.preset == "tiny" or cfg.run.allow_random_init:
+        return None
+    vision = m.vision.checkpoint_path or ("pretrained" if m.vision.backbone_pretrained else None)
+    random = [name for name, path in (("model.vision.checkpoint_path (CLIP ViT weights)", vision),
+                                      ("model.text.bert_checkpoint (a BERT folder)", m.text.bert_checkpoint))
+              if path is None]
+    if not random:
+        return None
+    return (f"model.preset {m.preset}: {' and '.join(random)} not set, so pretraining would start from random "
+            "weights. Set them (e.g. model.vision.checkpoint_path=ViT-B-16.pt from OpenAI CLIP, "
+            "model.text.bert_checkpoint=bert-base-uncased/ with config.json and pytorch_model.bin or "
+            "model.safetensors), or init_from=<a model folder>, or run.allow_random_init=true to pretrain from "
+            "scratch on purpose")
+
+
 def build_model(cfg: Config):
     from mplug_pretrain.models.mplug import MPLUG
     if cfg.init_from:
@@ -37,6 +57,8 @@ def flops_per_sample(cfg: Config, batch: dict) -> float | None:
     full queue). None for a model the count does not cover (a refiner, a non-BERT decoder)."""
     from mplug_pretrain.train.flops import TextShapes, pretrain_flops_per_sample
     h = cfg.model.heads
+    if cfg.model.vision.backbone != "clip_vit":
+        return None  # the count covers our ViT only
     if not all(float(h.loss_weights.get(name, 1.0)) for name in ("itc", "itm", "mlm", "prefixlm")):
         return None  # the count assumes all four losses
     try:
@@ -49,6 +71,9 @@ def flops_per_sample(cfg: Config, batch: dict) -> float | None:
 def run_pretrain(cfg: Config, resume: str | None = None) -> dict:
     if not cfg.data.train_shards:
         raise ConfigError("data.train_shards: required for pretraining (a brace pattern of .tar shards)")
+    problem = random_init_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
     def losses(engine, batch: dict, state: TrainerState) -> dict:
         return engine(batch, alpha=distill_alpha(cfg, state.global_step))  # all four losses, one forward
 

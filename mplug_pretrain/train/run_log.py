@@ -1,11 +1,18 @@
-"""What a user watches: ``log.jsonl`` (one object per step), TensorBoard, a progress bar on a
-terminal and plain log lines otherwise (train/progress.py), and loss plots at the end. Rank 0 only."""
+"""What a user watches: ``log.jsonl`` (one object per step), TensorBoard and/or Weights & Biases
+(``run.report_to: [tensorboard, wandb]``), a progress bar on a terminal and plain log lines otherwise
+(train/progress.py), and loss plots at the end. Rank 0 only.
+
+wandb: one wandb run per run folder, its files under ``<run dir>/wandb/`` and its id kept in
+``<run dir>/wandb_id``, so a resumed run (``--resume``) continues the same wandb run. ``WANDB_MODE=offline``
+writes only the local files (``wandb sync`` uploads them later); the resolved config is the run's config."""
 from __future__ import annotations
 
 import json
 import os
 import resource
+import secrets
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -18,14 +25,50 @@ def peak_memory_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
 
+@dataclass(frozen=True)
+class WandbSettings:
+    project: str
+    name: str
+    entity: str | None = None
+    config: dict | None = None
+
+
+def reporters(cfg) -> dict:
+    """``RunLog`` keyword arguments from ``run.report_to`` / ``run.tensorboard`` / ``run.wandb_*``."""
+    from mplug_pretrain.config_loader import to_dict
+    r = cfg.run
+    wandb = WandbSettings(r.wandb_project, r.name, r.wandb_entity, to_dict(cfg)) if "wandb" in r.report_to else None
+    return {"tensorboard": r.tensorboard and "tensorboard" in r.report_to, "wandb": wandb}
+
+
+def _start_wandb(run_dir: str, settings: WandbSettings):
+    try:
+        import wandb
+    except ImportError as err:
+        from mplug_pretrain.errors import ConfigError
+        raise ConfigError("run.report_to: wandb is not installed (pip install 'mplug_pretrain[wandb]', or "
+                          "drop wandb from run.report_to)") from err
+    id_file = os.path.join(run_dir, "wandb_id")
+    if os.path.isfile(id_file):
+        with open(id_file) as f:
+            run_id = f.read().strip()
+    else:
+        run_id = secrets.token_hex(4)  # wandb ids: lowercase letters and digits
+        with atomic_write(id_file) as f:
+            f.write(run_id)
+    return wandb.init(project=settings.project, entity=settings.entity, name=settings.name, id=run_id,
+                      resume="allow", dir=run_dir, config=settings.config)
+
+
 class RunLog:
     def __init__(self, run_dir: str, total_steps: int, enabled: bool, tensorboard: bool = True,
-                 print_every: int = 10, initial_step: int = 0) -> None:
+                 print_every: int = 10, initial_step: int = 0, wandb: WandbSettings | None = None) -> None:
         self.enabled = enabled
         self.print_every = print_every
         self.start = time.time()
         self._file = None
         self._tb = None
+        self._wandb = None
         self._progress = None
         if not enabled:
             return
@@ -38,6 +81,8 @@ class RunLog:
                 self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
             except ImportError:
                 print("[log] tensorboard not installed; skipping TensorBoard events", flush=True)
+        if wandb is not None:
+            self._wandb = _start_wandb(run_dir, wandb)
         from mplug_pretrain.train.progress import Progress
         self._progress = Progress(total_steps, initial_step, print_every)
 
@@ -50,7 +95,10 @@ class RunLog:
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(key.replace("lr_", "lr/").replace("loss_", "loss/"), value, step)
+                    self._tb.add_scalar(_panel_name(key), value, step)
+        if self._wandb is not None:
+            self._wandb.log({_panel_name(k): v for k, v in record.items()
+                             if k != "step" and isinstance(v, (int, float))}, step=step)
         self._progress.step(record)
 
     def event(self, message: str) -> None:
@@ -62,8 +110,16 @@ class RunLog:
             self._progress.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
         if self._file is not None:
             self._file.close()
+
+
+def _panel_name(key: str) -> str:
+    """``loss_itc`` -> ``loss/itc``, ``lr_vision`` -> ``lr/vision``: one panel group per kind."""
+    return key.replace("lr_", "lr/").replace("loss_", "loss/")
 
 
 def read_log(run_dir: str) -> list[dict]:

@@ -173,11 +173,13 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def read_json_dataclass(cls: type, path: str, prefix: str = "") -> Any:
-    """``build_dataclass`` of the JSON object in the file ``path``, then ``validate(prefix)`` when ``cls`` has
-    one; a ConfigError starts with the path, then names the field: "<path>: model.vision.heads: ..."."""
-    with open(path) as f:
-        values = json.load(f)
+def read_json_dataclass(cls: type, path: str, prefix: str = "", values: Any = None) -> Any:
+    """``build_dataclass`` of the JSON object in the file ``path`` (or of ``values``, already read from it), then
+    ``validate(prefix)`` when ``cls`` has one; a ConfigError starts with the path, then names the field:
+    "<path>: model.vision.heads: ..."."""
+    if values is None:
+        with open(path) as f:
+            values = json.load(f)
     try:
         obj = build_dataclass(cls, values, prefix)
         if hasattr(obj, "validate"):

@@ -90,3 +90,32 @@ def test_brace_and_source_expansion_counts():
     assert len(expand_sources(["one.tar", "two.tar"])[0].shards) == 2
     with pytest.raises(ConfigError, match="2 sources"):
         expand_sources("a.tar::b.tar", [1.0])
+
+
+def test_a_batch_larger_than_the_data_set_is_warned(tmp_path, tokenizer, caplog):
+    """3 samples, batch 8: every epoch trained on 5 repeats without a word (issue 26)."""
+    import logging
+
+    import torch
+
+    from mplug_pretrain.data.loader_spec import LoaderSpec
+    from mplug_pretrain.data.pipeline import build_pretrain_loader
+    from tests.data.conftest import write_simple_shards
+    pattern, keys = write_simple_shards(str(tmp_path), [3])
+    with caplog.at_level(logging.WARNING, logger="mplug_pretrain.data.epoch_plan"):
+        loader = build_pretrain_loader(LoaderSpec(pattern, batch_size=8, shuffle=True, rank=0, world_size=1),
+                                       tokenizer, image_size=32, max_text_len=16, augment=False)
+        [batch] = list(loader)
+        # built again next epoch: said once
+        build_pretrain_loader(LoaderSpec(pattern, batch_size=8, shuffle=True, rank=0, world_size=1, epoch=1),
+                              tokenizer, image_size=32, max_text_len=16, augment=False)
+    repeats = int(torch.as_tensor(batch["is_pad"]).sum())
+    assert repeats == 8 - len(keys) == 5
+    [record] = caplog.records
+    assert f"{len(keys)} sample(s) but an epoch yields 8 rows" in record.getMessage()
+    assert f": {repeats} (62%) repeat samples" in record.getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mplug_pretrain.data.epoch_plan"):  # a batch the data fills
+        ExactPlan(["a", "b"], [40, 40], world_size=1, workers=1, batch_size=8, shuffle=True, seed=0)
+        ExactPlan(["c"], [3], world_size=1, workers=1, batch_size=8, shuffle=False, seed=0)  # evaluation
+    assert not caplog.records

@@ -73,3 +73,34 @@ def test_decoding_settings_saved_beside_the_weights_round_trip_and_are_type_chec
     edit_json(tmp_path / settings.FILE, None, "beam_size", "2")
     with pytest.raises(ConfigError, match=rf"{settings.FILE}: beam_size: expected int, got str '2'"):
         type(settings).from_model_dir(str(tmp_path))
+
+
+def test_format_version_is_written_and_older_files_read(folder, caplog):
+    """config.json carries format_version; a file without one (written before it existed) is version 1."""
+    with open(folder / "config.json") as f:
+        data = json.load(f)
+    assert data["format_version"] == 1
+    del data["format_version"]
+    with open(folder / "config.json", "w") as f:
+        json.dump(data, f)
+    assert read_model_config(str(folder / "config.json")) == get_preset_config("tiny")
+    assert not caplog.records
+
+
+def test_fields_of_a_newer_format_are_warned_and_ignored(folder, caplog):
+    """An unknown key used to be fatal, so any field a newer version adds broke every older reader."""
+    edit_json(folder / "config.json", None, "format_version", 2)
+    edit_json(folder / "config.json", "vision", "register_tokens", 4)
+    edit_json(folder / "config.json", None, "adapter", {"rank": 8})
+    with caplog.at_level("WARNING", logger="mplug_pretrain.models.config_io"):
+        assert read_model_config(str(folder / "config.json")) == get_preset_config("tiny")
+    [record] = caplog.records
+    assert "format 2, this reader knows up to 1" in record.getMessage()
+    assert "model.vision.register_tokens" in record.getMessage() and "model.adapter" in record.getMessage()
+    edit_json(folder / "config.json", "vision", "image_size", "64")  # known fields stay type-checked
+    with pytest.raises(ConfigError, match="model.vision.image_size: expected int"):
+        read_model_config(str(folder / "config.json"))
+    for bad in (0, "2", True):
+        edit_json(folder / "config.json", None, "format_version", bad)
+        with pytest.raises(ConfigError, match="format_version: expected an integer >= 1"):
+            read_model_config(str(folder / "config.json"))

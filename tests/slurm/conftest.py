@@ -131,6 +131,7 @@ def slurm_cluster():
         MPLUG_SLURM_NODES=str(NODES),
         MPLUG_SLURM_PORT=str(port),
         MPLUG_SLURM_NODE_PREFIX="node",
+        MPLUG_SLURM_CPUS_PER_NODE="8",  # jobs ask for the loader workers + 2 CPUs per task
         # jobs derive MASTER_PORT from the job id: differ from any other cluster on this host
         MPLUG_SLURM_FIRST_JOB_ID=str(random.randrange(1, 19000)),
         SLURM_CONF=os.path.join(directory, "etc", "slurm.conf"),
@@ -260,12 +261,36 @@ def argv_recorder(tmp_path) -> ArgvRecorder:
 
 @pytest.fixture
 def submit_config(tmp_path) -> str:
-    """A run config for `mplug submit`: run ``tiny_run`` under ``tmp_path/runs``, one (empty) shard."""
+    """A run config for `mplug submit`: run ``tiny_run`` under ``tmp_path/runs``, one (empty) shard, which also
+    stands for the caption and VQA evaluation sets."""
     shard = tmp_path / "shards" / "train-000000.tar"
     shard.parent.mkdir()
     shard.touch()
     path = tmp_path / "tiny_run.yaml"
     path.write_text(
+        f"model:\n  preset: tiny\n"
         f"data:\n  train_shards: {shard}\nrun:\n  name: tiny_run\n  output_dir: {tmp_path / 'runs'}\n"
+        f"caption:\n  val_shards: {shard}\nvqa:\n  val_shards: {shard}\n"
     )
+    return str(path)
+
+
+@pytest.fixture
+def make_model_folder():
+    return _make_model_folder
+
+
+def _make_model_folder(path, classifier_classes: int = 0) -> str:
+    """What `mplug submit eval` checks of a model folder: a config.json (a default ModelConfig) and a weights
+    file (empty: nothing loads it before the job runs)."""
+    from dataclasses import replace
+
+    from mplug_pretrain.models.config_io import write_model_config
+    from mplug_pretrain.models.model_config import ModelConfig
+
+    os.makedirs(path, exist_ok=True)
+    config = ModelConfig()
+    config = replace(config, heads=replace(config.heads, classifier_classes=classifier_classes))
+    write_model_config(config, os.path.join(path, "config.json"))
+    open(os.path.join(path, "model.safetensors"), "wb").close()
     return str(path)

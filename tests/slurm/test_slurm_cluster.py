@@ -16,6 +16,7 @@ import time
 import pytest
 
 from mplug_pretrain.slurm.script import SlurmJob, render_script
+from tests.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -143,7 +144,7 @@ def _mplug_submit(slurm_cluster, cwd, *argv: str) -> str:
         [sys.executable, "-m", "mplug_pretrain", "submit", *argv],
         check=False,
         cwd=cwd,
-        env=slurm_cluster.env,
+        env={**slurm_cluster.env, "PYTHONPATH": REPO_ROOT},  # this checkout's package, whatever is installed
         capture_output=True,
         text=True,
         timeout=120,
@@ -154,9 +155,16 @@ def _mplug_submit(slurm_cluster, cwd, *argv: str) -> str:
     return job_id
 
 
-def test_mplug_submit_pretrain_and_eval_array(slurm_cluster, tmp_path, submit_config, argv_recorder):
-    """`mplug submit` end to end; a recording "python" stands in for the training and evaluation."""
+def test_mplug_submit_pretrain_and_eval_array(
+    slurm_cluster, tmp_path, submit_config, argv_recorder, make_model_folder
+):
+    """`mplug submit` end to end; a recording "python" stands in for the training and evaluation. Pretraining
+    takes its python from a --setup line (as `source venv/bin/activate` would), with --mem and a passed-through
+    sbatch option that Slurm must accept."""
     run_dir = tmp_path / "runs" / "tiny_run"
+    bin_dir = tmp_path / "venv-bin"
+    bin_dir.mkdir()
+    os.symlink(argv_recorder.path, bin_dir / "python")
     job_id = _mplug_submit(
         slurm_cluster,
         str(tmp_path),
@@ -167,8 +175,11 @@ def test_mplug_submit_pretrain_and_eval_array(slurm_cluster, tmp_path, submit_co
         "00:05:00",
         "--config",
         submit_config,
-        "--python",
-        argv_recorder.path,
+        "--setup",
+        f'export PATH={bin_dir}:"$PATH"',
+        "--mem",
+        "100M",
+        "--sbatch-arg=--comment=mplug-test",
         "optim.lr_rest=5e-5",
     )
     record = slurm_cluster.wait(job_id)[0]
@@ -190,10 +201,12 @@ def test_mplug_submit_pretrain_and_eval_array(slurm_cluster, tmp_path, submit_co
         for c in calls
     )
     assert (run_dir / "submit" / "pretrain.sbatch").is_file()
+    job = slurm_cluster.run("scontrol", "show", "job", job_id).stdout
+    assert "MinMemoryNode=100M" in job and "Comment=mplug-test" in job and "MinCPUsNode=4" in job, job
 
     checkpoints = [tmp_path / "ckpt-a", tmp_path / "ckpt-b"]
     for c in checkpoints:
-        c.mkdir()
+        make_model_folder(c)
     array_id = _mplug_submit(
         slurm_cluster,
         str(tmp_path),

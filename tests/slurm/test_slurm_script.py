@@ -169,3 +169,24 @@ def test_job_options_are_checked(tmp_path):
         render_script(_job(tmp_path, [("python",)], time="00:05:00", signal_seconds=300))
     with pytest.raises(ConfigError, match="--nodes"):
         render_script(_job(tmp_path, [("python",)], nodes=0))
+
+
+def test_setup_lines_and_passed_through_options_render(tmp_path):
+    script = render_script(_job(tmp_path, [("python", "-m", "mplug_pretrain")], mem="0",
+                                setup=("module load cuda/12.4", "source /opt/venv/bin/activate"),
+                                sbatch_args=("--qos=high", "--exclusive")))
+    lines = script.splitlines()
+    assert {"#SBATCH --mem=0", "#SBATCH --qos=high", "#SBATCH --exclusive"} <= set(lines)
+    setup = lines.index("module load cuda/12.4")
+    assert lines[setup - 1] == "set +u" and lines[setup + 1] == "source /opt/venv/bin/activate"
+    assert lines[setup + 2] == "set -u" and setup < lines.index("CMD=(python -m mplug_pretrain)")
+    assert subprocess.run(["bash", "-n"], check=False, input=script, text=True).returncode == 0
+
+
+@pytest.mark.parametrize("visible, local_ranks, devices", [(8, range(8), list(range(8))),
+                                                           (1, range(4), [0, 0, 0, 0]),
+                                                           (2, range(4), [0, 1, 0, 1])])
+def test_local_device_wraps_around_the_visible_gpus(visible, local_ranks, devices):
+    """One GPU bound per task: SLURM_LOCALID 3 sees one device, which is device 0 for it."""
+    from mplug_pretrain.train.distributed import local_device
+    assert [local_device(r, visible) for r in local_ranks] == devices

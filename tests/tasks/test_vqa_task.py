@@ -64,11 +64,13 @@ def load(path) -> dict | list:
 
 
 @pytest.mark.slow  # cli_runs: `mplug finetune vqa` + `mplug eval vqa` in subprocesses
-def test_finetune_cli_trains_saves_and_evaluates(cli_runs):
+def test_finetune_cli_trains_saves_and_evaluates(cli_runs, shards):
     run_dir = cli_runs["run_dir"]
     assert [r["step"] for r in read_log(run_dir)] == [1, 2, 3]
     assert all(r["loss"] > 0 for r in read_log(run_dir))
     assert os.path.isfile(run_dir / "model" / "model.safetensors")
+    # the answer list of the training shards is kept with the model (issue 26)
+    assert load(run_dir / "model" / "answer_list.json") == load(os.path.join(shards["root"], "train_answer_list.json"))
     metrics = load(run_dir / "metrics.json")
     assert metrics["inference"] == "generate" and metrics["num_questions"] == 48
     assert metrics["normalization"] == "official_2021" and 0.0 <= metrics["vqa_accuracy"] <= 100.0
@@ -157,3 +159,27 @@ def test_generation_and_ranking_agree_on_a_trained_toy(trained_toy, shards):
     assert len({r["answer"] for r in ranked}) >= 3, "the toy should answer question types differently"
     agreement = sum(g["answer"] == r["answer"] for g, r in zip(generated, ranked)) / len(ranked)
     assert agreement >= 0.9, [(g["question"], g["answer"], r["answer"]) for g, r in zip(generated, ranked)]
+
+
+def test_eval_ranks_over_the_answer_list_kept_in_the_model_folder(shards, tmp_path):
+    """complete_model_folder keeps the training shards' answer list; evaluation takes it from the model folder
+    when neither vqa.answer_list nor the question shards give one; vqa.answer_list still wins when given."""
+    from types import SimpleNamespace
+
+    from mplug_pretrain.config import load_config
+    from mplug_pretrain.eval.vqa_task import resolve_answer_list
+    from mplug_pretrain.train.export import complete_model_folder
+    folder = tmp_path / "model"
+    torch.manual_seed(0)
+    build_model("tiny").save_pretrained(str(folder))
+    cfg = load_config(CONFIG, [f"vqa.train_shards={shards['train']}"], check_paths=False)
+    complete_model_folder(str(folder), cfg)
+    train_list = load(os.path.join(shards["root"], "train_answer_list.json"))
+    assert load(folder / "answer_list.json") == train_list
+    no_list = SimpleNamespace(answer_list=None)
+    assert resolve_answer_list(load_config(CONFIG, check_paths=False), no_list, str(folder)) == train_list
+    assert resolve_answer_list(load_config(CONFIG, check_paths=False), no_list, str(tmp_path)) is None
+    given = tmp_path / "given.json"
+    given.write_text(json.dumps(["red", "blue"]))
+    cfg = load_config(CONFIG, [f"vqa.answer_list={given}"], check_paths=False)
+    assert resolve_answer_list(cfg, no_list, str(folder)) == ["red", "blue"]

@@ -49,7 +49,20 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time", required=True, help="time limit, HH:MM:SS or D-HH:MM:SS")
     p.add_argument("--partition", default=None)
     p.add_argument("--account", default=None)
-    p.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task (data-loader workers)")
+    p.add_argument(
+        "--cpus-per-task", type=int, default=None,
+        help="CPUs per task (default: the config's loader workers + 2; a warning when lower)",
+    )
+    p.add_argument("--mem", default=None, help="memory per node, e.g. 64G (sbatch --mem; 0 = all of it)")
+    p.add_argument(
+        "--setup", action="append", default=[], metavar="LINE",
+        help="a shell line run before srun, e.g. 'module load cuda/12.4' or 'source ~/venv/bin/activate' "
+        "(repeatable); the tasks then run `python -m mplug_pretrain` from the PATH it leaves",
+    )
+    p.add_argument(
+        "--sbatch-arg", action="append", default=[], metavar="--NAME[=VALUE]",
+        help="another #SBATCH option, e.g. --sbatch-arg=--qos=high --sbatch-arg=--exclusive (repeatable)",
+    )
     p.add_argument("--job-name", default=None, help="default: <run.name>-<kind>")
     p.add_argument(
         "--signal-seconds",
@@ -58,7 +71,10 @@ def _add_job_options(p: argparse.ArgumentParser) -> None:
         help="USR1 this many seconds before the time limit: checkpoint, requeue, resume "
         "(default 300, or a tenth of a shorter limit)",
     )
-    p.add_argument("--python", default=None, help="python that runs the job (default: this one)")
+    p.add_argument(
+        "--python", default=None,
+        help="python that runs the job (default: `python` after --setup, else this machine's python)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the script, submit nothing")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, passed on verbatim")
 
