@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from mplug_pretrain.models.attention import bias_from_keep, key_padding_bias
+from mplug_pretrain.models.bert_init import bert_init_
 from mplug_pretrain.models.checkpointing import run_layer
 from mplug_pretrain.models.decoder_api import DecoderOutput
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead
@@ -58,6 +59,7 @@ class BertDecoder(nn.Module):
         self.layers = nn.ModuleList(BertLayer(width, cfg.heads, cfg.ffn_dim, cfg.dropout, cross_attention=True)
                                     for _ in range(cfg.layers))
         self.head = LMPredictionHead(width, vocab_size, tied=cfg.tie_word_embeddings)
+        bert_init_(self)
         self.grad_checkpointing = False
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, memory: torch.Tensor,
