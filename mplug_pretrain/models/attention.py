@@ -61,6 +61,8 @@ class MultiHeadAttention(nn.Module):
     forward(x [B, T, D], source [B, S, D] | None, bias | None, kv=(k, v) | None) -> [B, T, D]
     softmax(Q K^T / sqrt(d_head) + bias) V, computed by SDPA (flash / memory-efficient kernels).
     ``source`` None means self-attention; ``kv`` passes precomputed (e.g. cached) keys and values.
+    Shared sources: a source (or kv) of B / g rows serves g consecutive rows of ``x`` each (the beams or
+    samples of one image), with a bias of B / g rows; its keys and values are computed once, not g times.
     """
 
     def __init__(self, width: int, heads: int, dropout: float = 0.0):
@@ -87,7 +89,12 @@ class MultiHeadAttention(nn.Module):
         k, v = kv if kv is not None else self.keys_values(x if source is None else source)
         if bias is not None and bias.dtype != q.dtype:  # e.g. a bf16 model called without autocast
             bias = cast_bias(bias, q.dtype)
+        b, heads, t, d = q.shape
+        groups = k.shape[0]
+        if groups != b:  # g = b / groups query rows per source row: [b, H, t, d] -> [groups, H, g * t, d]
+            q = q.view(groups, b // groups, heads, t, d).transpose(1, 2).reshape(groups, heads, -1, d)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
                                              dropout_p=self.dropout if self.training else 0.0)
-        b, _, t, _ = out.shape
+        if groups != b:
+            out = out.view(groups, heads, b // groups, t, d).transpose(1, 2).reshape(b, heads, t, d)
         return self.out(out.transpose(1, 2).reshape(b, t, -1))

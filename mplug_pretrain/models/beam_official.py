@@ -36,7 +36,7 @@ def mplug_official_beam_search(decoder: nn.Module, memory: torch.Tensor, memory_
     """memory [B, M, D], memory_mask [B, M] -> BeamOutput(sequences [B, num_return, L], scores [B, num_return])."""
     b, k = memory.shape[0], beam_size
     n = b * k
-    memory, memory_mask, tokens, mask, log_scores = beam_start(memory, memory_mask, beam_size, num_return)
+    memory, memory_mask, tokens, mask, log_scores = beam_start(decoder, memory, memory_mask, beam_size, num_return)
     sequences = torch.empty(n, 0, dtype=torch.long, device=memory.device)
     pools: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
     done = [False] * b

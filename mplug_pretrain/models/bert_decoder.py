@@ -6,6 +6,10 @@ Per layer (post-LN, as BERT):  x = LN(x + CausalSelfAttn(x));  x = LN(x + CrossA
 x = LN(x + FFN(x)).  Token i may attend to keys j <= T_past + i that are not padding.
 Cache (``BertDecoderCache``): per layer the self-attention keys/values of every token so far, and the
 cross-attention keys/values of the memory, computed once on the first call.
+Shared memory rows (``memory_rows_shared``): memory [B / g, M, D] and memory_mask [B / g, M] may serve g
+consecutive input rows each (the beams or samples of one image): the memory's keys and values are computed
+and cached once per image instead of once per beam, and ``reorder_cache`` leaves them alone (beam search only
+reorders rows within an image).
 Logits come from ``LMPredictionHead`` tied to the decoder's word embeddings (``tie_word_embeddings``).
 """
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 from torch import nn
 
 from mplug_pretrain.models.attention import bias_from_keep, key_padding_bias
+from mplug_pretrain.models.bert_init import bert_init_
 from mplug_pretrain.models.checkpointing import run_layer
 from mplug_pretrain.models.decoder_api import DecoderOutput
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead
@@ -46,12 +51,15 @@ def causal_bias(attention_mask: torch.Tensor, new_tokens: int) -> torch.Tensor:
 class BertDecoder(nn.Module):
     """See the module docstring. Built by ``decoder_factory.build_decoder(cfg, vocab_size, width)``."""
 
+    memory_rows_shared = True  # decoder_api: memory may have B / g rows (generation.expand_memory)
+
     def __init__(self, cfg: DecoderConfig, vocab_size: int, width: int):
         super().__init__()
         self.embeddings = BertEmbeddings(vocab_size, width, cfg.max_positions, cfg.dropout)
         self.layers = nn.ModuleList(BertLayer(width, cfg.heads, cfg.ffn_dim, cfg.dropout, cross_attention=True)
                                     for _ in range(cfg.layers))
         self.head = LMPredictionHead(width, vocab_size, tied=cfg.tie_word_embeddings)
+        bert_init_(self)
         self.grad_checkpointing = False
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, memory: torch.Tensor,
@@ -62,6 +70,9 @@ class BertDecoder(nn.Module):
         if attention_mask.shape != (b, past_len + t):
             raise ValueError(f"attention_mask must be [B, T_past + T_new] = [{b}, {past_len + t}], "
                              f"got {tuple(attention_mask.shape)}")
+        if past is None and (memory.shape[0] == 0 or b % memory.shape[0]):
+            raise ValueError(f"memory has {memory.shape[0]} rows: it must have B = {b} rows or B / g rows "
+                             "(g input rows sharing each memory row)")
         x = self.embeddings(input_ids, position_offset=past_len)
         self_bias = causal_bias(attention_mask, t)
         memory_bias = key_padding_bias(memory_mask)
@@ -92,4 +103,11 @@ class BertDecoder(nn.Module):
 
     @staticmethod
     def reorder_cache(past: BertDecoderCache, index: torch.Tensor) -> BertDecoderCache:
-        return BertDecoderCache([tuple(t.index_select(0, index) for t in layer) for layer in past.layers])
+        """Select rows ``index`` [B'] of the self-attention cache; cross-attention keys/values with fewer rows
+        than the cache (a memory shared by groups of rows) stay as they are: ``index`` keeps rows in their group."""
+        layers = []
+        for k, v, cross_k, cross_v in past.layers:
+            if cross_k.shape[0] == k.shape[0]:
+                cross_k, cross_v = cross_k.index_select(0, index), cross_v.index_select(0, index)
+            layers.append((k.index_select(0, index), v.index_select(0, index), cross_k, cross_v))
+        return BertDecoderCache(layers)

@@ -91,14 +91,26 @@ def greedy_search(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.T
 LENGTH_PENALTY_FORMS = ("power", "gnmt")
 
 
-def beam_start(memory: torch.Tensor, memory_mask: torch.Tensor, beam_size: int, num_return: int):
-    """memory [B, M, D] -> (memory and memory_mask repeated per beam [B*k, ...], BOS tokens and mask [B*k, 1],
-    summed log-probs [B, k]: 0 for the first beam, -inf for the others, which start identical to it)."""
+def expand_memory(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor,
+                  rows_per_input: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The memory for ``rows_per_input`` consecutive decoder rows per input (beams, samples): as it is when the
+    decoder shares memory rows (``memory_rows_shared``: its keys and values are then computed once per input),
+    else repeated to [B * rows_per_input, ...]."""
+    if getattr(decoder, "memory_rows_shared", False) or rows_per_input == 1:
+        return memory, memory_mask
+    return memory.repeat_interleave(rows_per_input, 0), memory_mask.repeat_interleave(rows_per_input, 0)
+
+
+def beam_start(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, beam_size: int,
+               num_return: int):
+    """memory [B, M, D] -> (memory and memory_mask for B*k beam rows (``expand_memory``), BOS tokens and mask
+    [B*k, 1], summed log-probs [B, k]: 0 for the first beam, -inf for the others, which start identical to it)."""
     if not 1 <= num_return <= beam_size:
         raise ValueError(f"num_return must be in [1, beam_size={beam_size}], got {num_return}")
-    memory, memory_mask = memory.repeat_interleave(beam_size, 0), memory_mask.repeat_interleave(beam_size, 0)
-    tokens, mask = _start(memory, memory.shape[0])
-    scores = torch.zeros(memory.shape[0] // beam_size, beam_size, device=memory.device)
+    b = memory.shape[0]
+    memory, memory_mask = expand_memory(decoder, memory, memory_mask, beam_size)
+    tokens, mask = _start(memory, b * beam_size)
+    scores = torch.zeros(b, beam_size, device=memory.device)
     scores[:, 1:] = float("-inf")
     return memory, memory_mask, tokens, mask, scores
 
@@ -121,7 +133,7 @@ def beam_search(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Ten
     """Batched beam search; returns the ``num_return`` best of ``beam_size`` beams per input."""
     b, k = memory.shape[0], beam_size
     n = b * k
-    memory, memory_mask, tokens, mask, scores = beam_start(memory, memory_mask, beam_size, num_return)
+    memory, memory_mask, tokens, mask, scores = beam_start(decoder, memory, memory_mask, beam_size, num_return)
     finished = torch.zeros(n, dtype=torch.bool, device=memory.device)
     lengths = torch.zeros(n, dtype=torch.long, device=memory.device)
     sequences = torch.empty(n, 0, dtype=torch.long, device=memory.device)
@@ -145,8 +157,10 @@ def beam_search(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Ten
             finished = (finished.view(b, k) | best_ended).view(-1)
         if bool(finished.all()):
             break
-        past = decoder.reorder_cache(past, source)
-        tokens, mask = token[:, None], torch.cat([mask[source], torch.ones_like(mask[:, :1])], dim=1)
+        if k > 1:  # one beam never moves: nothing to reorder
+            past = decoder.reorder_cache(past, source)
+            mask = mask[source]
+        tokens, mask = token[:, None], torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
     normalized = scores / length_normalizer(lengths.view(b, k), length_penalty, length_penalty_form)
     order = normalized.argsort(dim=1, descending=True)[:, :num_return]
     best = (torch.arange(b, device=memory.device)[:, None] * k + order).view(-1)
@@ -173,7 +187,7 @@ def sample(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, 
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     n = memory.shape[0] * num_samples
-    memory, memory_mask = memory.repeat_interleave(num_samples, 0), memory_mask.repeat_interleave(num_samples, 0)
+    memory, memory_mask = expand_memory(decoder, memory, memory_mask, num_samples)
     tokens, mask = _start(memory, n)
     finished = torch.zeros(n, dtype=torch.bool, device=memory.device)
     total = torch.zeros(n, device=memory.device)
@@ -200,7 +214,9 @@ def token_mask(sequences: torch.Tensor) -> torch.Tensor:
 
 def sequence_log_probs(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor,
                        sequences: torch.Tensor) -> torch.Tensor:
-    """Summed log p(sequence | memory) [N] under teacher forcing, differentiable (SCST policy gradient)."""
+    """Summed log p(sequence | memory) [N] under teacher forcing, differentiable (SCST policy gradient).
+    memory [N, M, D], or [N / g, M, D] shared by g consecutive sequences where the decoder allows it
+    (``expand_memory``)."""
     valid = token_mask(sequences)
     bos = torch.full_like(sequences[:, :1], BOS_ID)
     inputs = torch.cat([bos, sequences[:, :-1]], dim=1)

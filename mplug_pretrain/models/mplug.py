@@ -26,6 +26,7 @@ from torch import nn
 
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.bert_decoder import BertDecoder
+from mplug_pretrain.models.bert_init import bert_init_
 from mplug_pretrain.models.config_io import CONFIG_FILE, read_model_config, write_model_config
 from mplug_pretrain.models.decoder_factory import build_decoder
 from mplug_pretrain.models.fusion import build_fusion
@@ -82,22 +83,14 @@ class MPLUG(InferenceMixin, nn.Module):
 
     # ----------------------------------------------------------------- construction helpers
     def _init_bert_style(self) -> None:
-        """BERT init (N(0, 0.02) weights, zero biases, unit LayerNorms) for everything BERT-initialized in mPLUG."""
+        """BERT init (N(0, 0.02) weights, zero biases, unit LayerNorms) for everything BERT-initialized in mPLUG
+        (the BERT decoder initialises itself so)."""
         parts = [self.text_encoder, self.fusion, self.itc.vision_proj, self.itc.text_proj, self.itm_head, self.mlm_head,
                  self.classifier]
-        if isinstance(self.decoder, BertDecoder):
-            parts.append(self.decoder)
         if self.image_encoder.projection is not None:
             parts.append(self.image_encoder.projection)
         for part in filter(None, parts):
-            for module in part.modules():
-                if isinstance(module, (nn.Linear, nn.Embedding)):
-                    nn.init.normal_(module.weight, std=0.02)
-                if isinstance(module, nn.Linear) and module.bias is not None:
-                    nn.init.zeros_(module.bias)
-                if isinstance(module, nn.LayerNorm):
-                    nn.init.ones_(module.weight)
-                    nn.init.zeros_(module.bias)
+            bert_init_(part)
         if self.config.text.init == "scratch":
             self._init_from_scratch()
 

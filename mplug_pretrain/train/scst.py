@@ -33,7 +33,7 @@ from torch import nn
 from mplug_pretrain.data.caption_text import clean_caption
 from mplug_pretrain.eval.cider_d import CiderD
 from mplug_pretrain.models.decoder_api import EOS_ID
-from mplug_pretrain.models.generation import sample, sequence_log_probs, token_mask
+from mplug_pretrain.models.generation import expand_memory, sample, sequence_log_probs, token_mask
 
 EOS_WORD = "<eos>"  # never produced by clean_caption, so it cannot collide with a word
 RewardFn = Callable[[Sequence[int], Sequence[str], Sequence[bool]], np.ndarray]
@@ -111,8 +111,7 @@ def scst_loss(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tenso
     texts, finished = decode_samples(tokenizer, sequences)
     sample_ids = [i for i in image_ids for _ in range(k)]
     rewards = torch.as_tensor(reward(sample_ids, texts, finished), dtype=torch.float32, device=memory.device)
-    log_probs = sequence_log_probs(decoder, memory.repeat_interleave(k, 0), memory_mask.repeat_interleave(k, 0),
-                                   sequences)
+    log_probs = sequence_log_probs(decoder, *expand_memory(decoder, memory, memory_mask, k), sequences)
     loss, _ = self_critical_loss(log_probs, rewards, k)
     return {"loss": loss, "loss_reward": rewards.mean(), "log_probs": log_probs,
             "sampled_log_probs": sampled_log_probs}

@@ -2,10 +2,13 @@
 tests/models/test_decoder_contract.py)."""
 from __future__ import annotations
 
+import pytest
 import torch
-from transformers import BertConfig, BertLMHeadModel
+from transformers import BertConfig, BertLMHeadModel, DynamicCache, EncoderDecoderCache
 
 from mplug_pretrain.models.bert_decoder import BertDecoder
+from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, PAD_ID
+from mplug_pretrain.models.generation import beam_search
 from mplug_pretrain.models.model_config import DecoderConfig
 from mplug_pretrain.models.weights.bert import rename_bert_key, rename_lm_head_key
 
@@ -27,7 +30,8 @@ def memory_inputs(b: int = 3, m: int = 6):
     return memory, memory_mask, ids
 
 
-def test_matches_transformers_bert_lm_head_model():
+def transformers_and_ours() -> tuple[BertLMHeadModel, BertDecoder]:
+    """A random transformers BertLMHeadModel and our decoder holding the same weights."""
     torch.manual_seed(0)
     hf = BertLMHeadModel(BertConfig(vocab_size=V, hidden_size=W, num_hidden_layers=2, num_attention_heads=4,
                                     intermediate_size=64, max_position_embeddings=40, is_decoder=True,
@@ -40,6 +44,11 @@ def test_matches_transformers_bert_lm_head_model():
         elif key.startswith("cls.predictions.") and rename_lm_head_key(key.removeprefix("cls.predictions.")):
             state["head." + rename_lm_head_key(key.removeprefix("cls.predictions."))] = value
     ours.load_state_dict(state, strict=True)
+    return hf, ours
+
+
+def test_matches_transformers_bert_lm_head_model():
+    hf, ours = transformers_and_ours()
     memory, memory_mask, ids = memory_inputs()
     mask = torch.ones_like(ids)
     mask[1, -3:] = 0
@@ -48,3 +57,29 @@ def test_matches_transformers_bert_lm_head_model():
                       encoder_attention_mask=memory_mask).logits
         got = ours(ids, mask, memory, memory_mask).logits
     assert torch.allclose(got[mask.bool()], expected[mask.bool()], atol=1e-4)
+
+
+@pytest.mark.parametrize("beam", [1, 3, 5])
+def test_beam_search_equals_transformers_generate(beam):
+    """The bench's setting (``mplug bench generate``): a fixed number of new tokens (EOS blocked until then), so
+    every beam has the same length and both rank by summed log-probability; transformers' sequence score is that
+    sum divided by the length, as ours with length_penalty 1."""
+    hf, ours = transformers_and_ours()
+    with torch.no_grad():  # our search never emits PAD: make PAD improbable for transformers too
+        hf.cls.predictions.bias[PAD_ID] = -1e4
+        ours.head.bias[PAD_ID] = -1e4
+    memory, memory_mask, _ = memory_inputs()
+    length = 8
+    ids = torch.full((memory.shape[0], 1), BOS_ID)
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), encoder_hidden_states=memory,
+                             encoder_attention_mask=memory_mask, num_beams=beam, do_sample=False,
+                             max_new_tokens=length, min_new_tokens=length, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+                             bos_token_id=BOS_ID, length_penalty=1.0, output_scores=True,
+                             return_dict_in_generate=True,
+                             # a decoder-only config would get a plain DynamicCache, which cross-attention cannot use
+                             past_key_values=EncoderDecoderCache(DynamicCache(), DynamicCache()))
+    mine = beam_search(ours, memory, memory_mask, beam_size=beam, max_length=length, min_length=length)
+    assert torch.equal(mine.sequences[:, 0], theirs.sequences[:, 1:])
+    if beam > 1:  # transformers reports sequence scores for beam search only
+        torch.testing.assert_close(mine.scores[:, 0], theirs.sequences_scores, rtol=0, atol=1e-5)

@@ -134,3 +134,58 @@ def test_draw_follows_the_distribution_and_never_draws_zero_probability():
     expected = probs.double() * rows.shape[0]
     standard_error = (expected * (1 - probs.double())).sqrt()
     assert ((counts - expected).abs() <= 4 * standard_error + 1e-9).all(), (counts, expected)
+
+
+class _PerRowMemory(torch.nn.Module):
+    """The same decoder, made to take a memory row per decoder row (``memory_rows_shared`` off): what decoding
+    did before memory rows were shared."""
+
+    memory_rows_shared = False
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.decoder = decoder
+
+    def forward(self, *args, **kwargs):
+        return self.decoder(*args, **kwargs)
+
+    def reorder_cache(self, past, index):
+        return self.decoder.reorder_cache(past, index)
+
+
+@pytest.mark.parametrize("beam", [1, 3, 5])
+def test_beams_sharing_one_memory_row_find_what_per_beam_memory_finds(setup, beam):
+    decoder, memory, memory_mask = setup
+    assert decoder.memory_rows_shared
+    shared = G.beam_search(decoder, memory, memory_mask, beam_size=beam, max_length=10, num_return=beam)
+    per_row = G.beam_search(_PerRowMemory(decoder), memory, memory_mask, beam_size=beam, max_length=10,
+                            num_return=beam)
+    assert torch.equal(shared.sequences, per_row.sequences)
+    torch.testing.assert_close(shared.scores, per_row.scores, rtol=0, atol=1e-5)
+
+
+def test_shared_memory_rows_in_sampling_and_teacher_forcing_give_equal_values_and_gradients(setup):
+    decoder, memory, memory_mask = setup
+    k = 4
+    draws = [G.sample(d, memory, memory_mask, num_samples=k, max_length=8, generator=torch.Generator().manual_seed(3))
+             for d in (decoder, _PerRowMemory(decoder))]
+    assert torch.equal(draws[0][0], draws[1][0])
+    torch.testing.assert_close(draws[0][1], draws[1][1], rtol=0, atol=1e-5)
+    sequences = draws[0][0]
+    grads, values = [], []
+    for shared in (True, False):
+        source = memory.clone().requires_grad_(True)
+        rows = (source, memory_mask) if shared else (source.repeat_interleave(k, 0), memory_mask.repeat_interleave(k, 0))
+        lp = G.sequence_log_probs(decoder, *rows, sequences)
+        lp.sum().backward()
+        values.append(lp.detach())
+        grads.append(source.grad)
+    torch.testing.assert_close(values[0], values[1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
+
+
+def test_a_memory_that_does_not_divide_the_rows_is_refused(setup):
+    decoder, memory, memory_mask = setup
+    ids = torch.full((4, 1), BOS_ID)
+    with pytest.raises(ValueError, match="memory has 3 rows"):
+        decoder(ids, torch.ones_like(ids), memory, memory_mask)
