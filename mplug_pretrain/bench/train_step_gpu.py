@@ -1,5 +1,5 @@
 """`mplug bench train-step` on a CUDA machine: one pretraining step (all four losses, forward + backward +
-fused AdamW) through the real DeepSpeed engine in bf16 (autocast + DeepSpeed bf16), one GPU (torchrun, nccl),
+fused AdamW) through the real DeepSpeed engine in bf16 (DeepSpeed's torch_autocast mode: fp32 parameters, bf16 compute), one GPU (torchrun, nccl),
 for the base and large presets x ZeRO {0, 2, 3} x gradient checkpointing {off, on}, each at the largest batch
 that fits: the batch doubles from ``START_BATCH`` until ``torch.cuda.OutOfMemoryError`` (or ``MAX_BATCH``).
 
@@ -50,7 +50,7 @@ def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) 
     import torch
 
     from mplug_pretrain.config import load_config
-    from mplug_pretrain.train.engine import build_engine, momentum_update, train_autocast
+    from mplug_pretrain.train.engine import after_optimizer_step, build_engine
     from mplug_pretrain.train.flops import current_peak_flops, mfu
     from mplug_pretrain.train.pretrain import build_model, flops_per_sample
     cfg = load_config(None, [f"model.preset={preset}", f"data.batch_size={batch_size}",
@@ -62,14 +62,13 @@ def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) 
     try:
         engine, _, _ = build_engine(build_model(cfg), cfg, 1)
         batch = _tiled_batch(preset, batch_size, engine.device)
-        batch = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in batch.items()}
 
         def step() -> None:
-            with train_autocast(cfg):
-                loss = engine(batch)["loss"]
+            loss = engine(batch)["loss"]  # the engine enters its own bf16 autocast (no autocast around it)
+            engine.module.commit_enqueue()  # the loop's enqueue once the loss is known finite
             engine.backward(loss)
             engine.step()
-            momentum_update(engine, stage)  # the loop's, incl. the ZeRO-3 gather
+            after_optimizer_step(engine, stage)  # the loop's (ZeRO-3: shard by shard)
 
         for _ in range(WARMUP_STEPS):
             step()
