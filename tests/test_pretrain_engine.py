@@ -150,3 +150,20 @@ def test_nonfinite_losses_in_a_row_stop_the_run(tmp_path, demo_shards):
     proc = run_mplug(["pretrain", *args])
     assert proc.returncode != 0
     assert "non-finite losses in a row" in proc.stderr
+
+
+def test_divergence_at_lr_1e6_is_skipped_counted_and_stops_the_run(tmp_path, demo_shards):
+    """lr 1e6 makes every loss after the first step non-finite: ITM's hard-negative sampling used to crash on the
+    NaN similarities (torch.multinomial) before the loop could skip; now each is skipped and counted, and
+    run.max_nonfinite_in_row stops the run with a message naming the limit."""
+    args = tiny_pretrain_args(tmp_path, demo_shards, "lr1e6", steps=6, extra=[
+        "optim.lr_rest=1e6", "optim.lr_vision=1e6", "run.max_nonfinite_in_row=3", "distributed.precision=bf16",
+        "distributed.zero_stage=0"])
+    proc = run_mplug(["pretrain", *args])
+    assert proc.returncode != 0
+    assert "multinomial" not in proc.stderr
+    assert "3 non-finite losses in a row" in proc.stderr and "run.max_nonfinite_in_row=3" in proc.stderr
+    skipped = [line for line in proc.stdout.splitlines() if "non-finite loss at step" in line]
+    assert [line.split("(")[1] for line in skipped] == ["1 in a row, 1 in total)", "2 in a row, 2 in total)",
+                                                         "3 in a row, 3 in total)"]
+    assert [r["step"] for r in read_log(tmp_path / "lr1e6")] == [1]  # the finite first step, then divergence

@@ -90,7 +90,8 @@ def training_loader_spec(cfg: Config, rank: int, world_size: int, state: Trainer
     d = cfg.data
     return LoaderSpec(d.train_shards, d.batch_size, d.num_workers, mode=d.mode, seed=cfg.run.seed, shuffle=True,
                       shuffle_buffer=d.shuffle_buffer, samples_per_epoch=d.samples_per_epoch, weights=d.train_weights,
-                      epoch=state.epoch, start_batch=state.batch_in_epoch, rank=rank, world_size=world_size)
+                      epoch=state.epoch, start_batch=state.batch_in_epoch, rank=rank, world_size=world_size,
+                      pin_memory=torch.cuda.is_available())  # pinned batches: the non_blocking copies overlap
 
 
 # Flags the tasks read on the host (which rows are padding): they stay there, so reading them is no device sync.
