@@ -14,7 +14,7 @@ import sys
 import tempfile
 
 
-def run_pair(steps: int = 100, window: int = 20, batch_size: int = 8, workdir: str | None = None) -> dict:
+def run_pair(steps: int = 100, window: int = 20, batch_size: int = 4, workdir: str | None = None) -> dict:
     from mplug_pretrain.config import REPO_ROOT
     from mplug_pretrain.train.run_log import read_log
     workdir = workdir or tempfile.mkdtemp(prefix="bf16_vs_fp32_")
@@ -25,7 +25,8 @@ def run_pair(steps: int = 100, window: int = 20, batch_size: int = 8, workdir: s
                f"optim.max_steps={steps}", "distributed.zero_stage=0", f"distributed.precision={precision}",
                f"run.output_dir={workdir}", f"run.name={precision}", "run.tensorboard=false",
                "run.checkpoint_every_steps=100000"]
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+        env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread: on a shared CPU far faster than two (bench/README)
+        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"{precision} run failed:\n{proc.stderr[-3000:]}")
         curves[precision] = [r["loss"] for r in read_log(os.path.join(workdir, precision))]
@@ -44,9 +45,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--window", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    result = run_pair(args.steps, args.window)
+    result = run_pair(args.steps, args.window, args.batch_size)
     summary = {k: v for k, v in result.items() if not k.startswith("loss_")}
     print(json.dumps(summary, indent=1))
     if args.out:
