@@ -105,7 +105,8 @@ class ImageTextContrastive(nn.Module):
         """Ring-buffer write of this step's momentum features (gathered over ranks)."""
         if idx is None:
             idx = torch.full((image_feat_m.shape[0],), -1, dtype=torch.long, device=image_feat_m.device)
-        image_feat_m, text_feat_m, idx = (_gather_rows(t) for t in (image_feat_m, text_feat_m, idx))
+        sizes = _rank_row_counts(image_feat_m.shape[0], image_feat_m.device)
+        image_feat_m, text_feat_m, idx = (_gather_rows(t, sizes) for t in (image_feat_m, text_feat_m, idx))
         n, q = image_feat_m.shape[0], self.queue_size
         positions = (self.queue_ptr + torch.arange(n, device=image_feat_m.device)) % q  # on the device: no sync
         keep = slice(max(0, n - q), n)  # a batch larger than the queue: only its last Q rows survive
@@ -127,14 +128,22 @@ def _mask_columns(logits: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~filled, torch.finfo(logits.dtype).min)
 
 
-def _gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``x`` [n_rank, ...] over all ranks (ranks may hold different n: a last partial batch)."""
+def _rank_row_counts(rows: int, device: torch.device) -> list[int]:
+    """Every rank's row count (ranks may hold different counts: a last partial batch), read on the host in one
+    go: a single sync per enqueue, none in a single process."""
     world = process_group.world_size()
     if world == 1:
+        return [rows]
+    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
+    dist.all_gather(counts, torch.tensor([rows], device=device))
+    return torch.cat(counts).tolist()
+
+
+def _gather_rows(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """Concatenate ``x`` [n_rank, ...] over all ranks; ``sizes`` = every rank's n (``_rank_row_counts``)."""
+    world = len(sizes)
+    if world == 1:
         return x
-    sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([x.shape[0]], device=x.device))
-    sizes = [int(s) for s in sizes]
     padded = x.new_zeros((max(sizes),) + tuple(x.shape[1:]))
     padded[: x.shape[0]] = x
     chunks = [torch.zeros_like(padded) for _ in range(world)]
