@@ -482,9 +482,18 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
     ds["gradient_accumulation_steps"] = cfg.optim.grad_accum_steps
     ds["train_batch_size"] = cfg.data.batch_size * cfg.optim.grad_accum_steps * world_size
     ds["gradient_clipping"] = cfg.optim.grad_clip
+    # bf16 = DeepSpeed's torch_autocast mode, never its bf16 mode (which casts every parameter, the momentum
+    # towers included, to bf16): fp32 parameters = masters, bf16 autocast inside the engine's forward
+    # (README "Precision (bf16)"). Gradients are those of fp32 parameters, so micro-steps accumulate in fp32;
+    # grad_accum_dtype says so explicitly where accumulation is used.
     precision = resolve_precision(cfg)
-    ds["bf16"] = {"enabled": precision == "bf16"}
+    ds["bf16"] = {"enabled": False}
     ds.pop("fp16", None)
+    ds.pop("torch_autocast", None)
+    if precision == "bf16":
+        ds["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+    if cfg.optim.grad_accum_steps > 1:
+        ds["data_types"] = {**ds.get("data_types", {}), "grad_accum_dtype": "fp32"}
     zero = dict(ds.get("zero_optimization", {}))
     zero["stage"] = dist.zero_stage
     if dist.offload_optimizer:

@@ -150,3 +150,41 @@ def test_nonfinite_losses_in_a_row_stop_the_run(tmp_path, demo_shards):
     proc = run_mplug(["pretrain", *args])
     assert proc.returncode != 0
     assert "non-finite losses in a row" in proc.stderr
+
+
+def test_divergence_at_lr_1e6_is_skipped_counted_and_stops_the_run(tmp_path, demo_shards):
+    """lr 1e6 makes every loss after the first step non-finite: ITM's hard-negative sampling used to crash on the
+    NaN similarities (torch.multinomial) before the loop could skip; now each is skipped and counted, and
+    run.max_nonfinite_in_row stops the run with a message naming the limit."""
+    args = tiny_pretrain_args(tmp_path, demo_shards, "lr1e6", steps=6, extra=[
+        "optim.lr_rest=1e6", "optim.lr_vision=1e6", "run.max_nonfinite_in_row=3", "distributed.precision=bf16",
+        "distributed.zero_stage=0"])
+    proc = run_mplug(["pretrain", *args])
+    assert proc.returncode != 0
+    assert "multinomial" not in proc.stderr
+    assert "3 non-finite losses in a row" in proc.stderr and "run.max_nonfinite_in_row=3" in proc.stderr
+    skipped = [line for line in proc.stdout.splitlines() if "non-finite loss at step" in line]
+    assert [line.split("(")[1] for line in skipped] == ["1 in a row, 1 in total)", "2 in a row, 2 in total)",
+                                                         "3 in a row, 3 in total)"]
+    assert [r["step"] for r in read_log(tmp_path / "lr1e6")] == [1]  # the finite first step, then divergence
+
+
+def test_bf16_resume_keeps_fp32_momentum_encoders_and_queues(tmp_path, demo_shards):
+    """bf16 (torch_autocast, fp32 parameters): a run stopped at step 2 and resumed to 4 ends bit-equal to a
+    straight 4-step run, momentum encoders and queues included, and every saved tensor is fp32 (or integer)."""
+    common = ["distributed.precision=bf16", "distributed.zero_stage=2", "run.checkpoint_every_steps=2",
+              "model.heads.momentum=0.9"]
+    proc = run_mplug(["pretrain", *tiny_pretrain_args(tmp_path, demo_shards, "straight", steps=4, extra=common)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_mplug(["pretrain", *tiny_pretrain_args(tmp_path, demo_shards, "resumed", steps=2, extra=common)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_mplug(["pretrain", *tiny_pretrain_args(tmp_path, demo_shards, "resumed", steps=4, extra=common),
+                      "--resume", "latest"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resumed from step00000002" in proc.stdout
+    straight, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
+    assert straight.keys() == resumed.keys()
+    assert any("_m." in k for k in straight) and "itc.image_queue" in straight
+    for key, value in straight.items():
+        assert value.dtype == torch.float32 or not value.is_floating_point(), (key, value.dtype)
+        assert torch.equal(value, resumed[key]), key

@@ -1,5 +1,5 @@
 """`mplug bench train-step` on a CUDA machine: one pretraining step (all four losses, forward + backward +
-fused AdamW) through the real DeepSpeed engine in bf16 (autocast + DeepSpeed bf16), one GPU (torchrun, nccl),
+fused AdamW) through the real DeepSpeed engine in bf16 (DeepSpeed's torch_autocast mode: fp32 parameters, bf16 compute), one GPU (torchrun, nccl),
 for the base and large presets x ZeRO {0, 2, 3} x gradient checkpointing {off, on}, each at the largest batch
 that fits: the batch doubles from ``START_BATCH`` until ``torch.cuda.OutOfMemoryError`` (or ``MAX_BATCH``).
 
@@ -9,7 +9,10 @@ steps), flops_per_sample (train/flops.py: analytic model FLOPs, typical MLM/Pref
 mfu (flops_per_sample x samples_per_s / the GPU's dense bf16 peak, train/flops.PEAK_BF16_FLOPS),
 tried_batches, oom_at (the first batch that did not fit, None when MAX_BATCH fitted).
 The batch is one real demo batch at the preset's resolution (256 px base, 224 px large), tiled to the batch
-size, so data loading is excluded (see `mplug bench dataloader` for how many workers feed one GPU).
+size, its text padded to the ``TEXT_TOKENS`` = 30 tokens the FLOP count assumes, so data loading is excluded
+(see `mplug bench dataloader` for how many workers feed one GPU). The ITC queues are filled before the
+warm-up steps (the FLOP count, memory and largest batch are those of a full queue). Each case runs in a
+process of its own, so a CUDA error other than running out of memory loses that case only.
 Written to bench/results/train_step_gpu.json by default.
 """
 from __future__ import annotations
@@ -27,16 +30,22 @@ from mplug_pretrain.bench.common import pretrain_batch, write_bench
 from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 START_BATCH, MAX_BATCH = 8, 1024
+TEXT_TOKENS = 30  # the text length train/flops.py counts (data.max_text_len of the pretraining configs)
 WARMUP_STEPS, TIMED_STEPS = 3, 10
 CASES = [(preset, stage, ckpt) for preset in ("base", "large") for stage in (0, 2, 3) for ckpt in (False, True)]
 
 
 def _tiled_batch(preset: str, batch_size: int, device) -> dict:
+    import torch.nn.functional as F
     one = pretrain_batch(preset, 16)
+    for key in ("input_ids", "attention_mask"):  # right padding ([PAD] = 0, mask 0) up to TEXT_TOKENS
+        one[key] = F.pad(one[key], (0, TEXT_TOKENS - one[key].shape[1]))
     reps = -(-batch_size // 16)
     out = {}
     for key, value in one.items():
-        if hasattr(value, "repeat"):
+        if key == "is_pad":
+            out[key] = value.repeat(reps)[:batch_size]  # read on the host, as the training loop keeps it
+        elif hasattr(value, "repeat"):
             value = value.repeat(reps, *([1] * (value.ndim - 1)))[:batch_size].to(device)
             if key == "image_id":  # distinct ids: the tiled copies are not positives of each other
                 import torch
@@ -50,7 +59,7 @@ def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) 
     import torch
 
     from mplug_pretrain.config import load_config
-    from mplug_pretrain.train.engine import build_engine, momentum_update, train_autocast
+    from mplug_pretrain.train.engine import after_optimizer_step, build_engine
     from mplug_pretrain.train.flops import current_peak_flops, mfu
     from mplug_pretrain.train.pretrain import build_model, flops_per_sample
     cfg = load_config(None, [f"model.preset={preset}", f"data.batch_size={batch_size}",
@@ -62,14 +71,14 @@ def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) 
     try:
         engine, _, _ = build_engine(build_model(cfg), cfg, 1)
         batch = _tiled_batch(preset, batch_size, engine.device)
-        batch = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in batch.items()}
+        _fill_queues(engine.module)
 
         def step() -> None:
-            with train_autocast(cfg):
-                loss = engine(batch)["loss"]
+            loss = engine(batch)["loss"]  # the engine enters its own bf16 autocast (no autocast around it)
+            engine.module.commit_enqueue()  # the loop's enqueue once the loss is known finite
             engine.backward(loss)
             engine.step()
-            momentum_update(engine, stage)  # the loop's, incl. the ZeRO-3 gather
+            after_optimizer_step(engine, stage)  # the loop's (ZeRO-3: shard by shard)
 
         for _ in range(WARMUP_STEPS):
             step()
@@ -94,6 +103,18 @@ def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) 
         engine = None
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def _fill_queues(module) -> None:
+    """ITC queues full of unit-norm features with distinct ids (as after the first Q / batch steps)."""
+    import torch
+    itc = module.itc
+    with torch.no_grad():
+        for queue in (itc.image_queue, itc.text_queue):
+            queue.copy_(torch.nn.functional.normalize(torch.randn_like(queue), dim=0))
+        itc.idx_queue.copy_(torch.arange(itc.queue_size, device=itc.idx_queue.device) + 10**9)
+        itc.queue_count.fill_(itc.queue_size)
+        itc.queue_ptr.zero_()
 
 
 def largest_batch(preset: str, stage: int, checkpointing: bool, start: int = START_BATCH,
@@ -139,21 +160,23 @@ def run(out: str, quick: bool = False) -> dict:
     cases = [("base", 2, False)] if quick else CASES
     env = dict(os.environ)
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO_ROOT, ".cache", "torch_extensions"))
-    with tempfile.TemporaryDirectory() as tmp:
-        rows_file = os.path.join(tmp, "rows.json")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--standalone",
-               "-m", "mplug_pretrain.bench.train_step_gpu", "--worker", json.dumps(cases), "--rows", rows_file]
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
-        print(proc.stdout, end="", flush=True)
-        rows = []
-        if os.path.exists(rows_file):
-            with open(rows_file) as f:
-                rows = json.load(f)
-        if proc.returncode != 0:
-            print(f"[train-step gpu] worker failed (rows so far kept):\n{proc.stderr[-4000:]}", flush=True)
+    rows, failed = [], []
+    for case in cases:  # one process per case: a CUDA error loses that case, not the rest
+        with tempfile.TemporaryDirectory() as tmp:
+            rows_file = os.path.join(tmp, "rows.json")
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--standalone",
+                   "-m", "mplug_pretrain.bench.train_step_gpu", "--worker", json.dumps([case]), "--rows", rows_file]
+            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+            print(proc.stdout, end="", flush=True)
+            if os.path.exists(rows_file):
+                with open(rows_file) as f:
+                    rows += json.load(f)
+            if proc.returncode != 0:
+                failed.append(list(case))
+                print(f"[train-step gpu] case {case} failed:\n{proc.stderr[-4000:]}", flush=True)
     return write_bench("train_step_gpu", rows, out, quick=quick, precision="bf16", device="cuda",
                        start_batch=START_BATCH, max_batch=MAX_BATCH, warmup_steps=WARMUP_STEPS,
-                       complete=proc.returncode == 0)
+                       text_tokens=TEXT_TOKENS, complete=not failed, failed_cases=failed)
 
 
 def main() -> None:

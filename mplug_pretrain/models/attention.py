@@ -37,11 +37,12 @@ def cast_bias(bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def key_padding_bias(mask: torch.Tensor | None, dtype: torch.dtype | None = None) -> torch.Tensor | None:
-    """Padding mask [B, S] (1 = real token) -> bias [B, 1, 1, S]; None when nothing is masked.
+    """Padding mask [B, S] (1 = real token) -> bias [B, 1, 1, S]; None when there is no mask.
 
-    Returning None for an all-ones mask lets SDPA pick its unmasked (fastest) kernel.
+    An all-ones mask still gives a (zero) bias: asking whether it is all ones would read a device value on the
+    host (a sync, once per attention stack), which costs more than SDPA's masked kernel.
     """
-    if mask is None or bool(mask.all()):
+    if mask is None:
         return None
     return bias_from_keep(mask[:, None, None, :].bool(), dtype)
 

@@ -14,7 +14,11 @@ Pretraining ``forward(batch)`` computes, sharing one image encoding:
 Momentum encoders (``image_encoder_m``, ``text_encoder_m``, ``itc.*_proj_m``) take no gradient; the training
 engine calls ``momentum_update()`` after every optimizer step. They and the ITC queues are part of the
 state dict (checkpoints must hold them). In training mode ``forward`` pushes this step's momentum features
-into the queues after computing the losses; in eval mode the queues are left untouched.
+into the queues after computing the losses; with ``defer_enqueue`` (set by the training engine) it keeps them
+pending instead, and the loop calls ``commit_enqueue()`` once the loss is known finite on every rank (or
+``discard_enqueue()``), so a skipped batch leaves the queues as they were. In eval mode the queues are left
+untouched.
+Host syncs: none in ``forward`` for a batch without padding rows (README, "Precision (bf16)"; bench/README.md).
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.models.text import TextEncoder, pool_text
 from mplug_pretrain.models.vision import ImageEncoder, resize_positional_embedding
 from mplug_pretrain.models.weights.reader import load_weights_into, save_weights
+from mplug_pretrain.utils.host_syncs import host_any
 
 LOSS_NAMES = ("itc", "itm", "mlm", "prefixlm")
 WEIGHTS_FILE = "model.safetensors"
@@ -80,6 +85,8 @@ class MPLUG(InferenceMixin, nn.Module):
             for _, momentum in self._momentum_pairs():
                 momentum.requires_grad_(False)
         self.set_grad_checkpointing(config.grad_checkpointing)
+        self.defer_enqueue = False
+        self._pending_enqueue: tuple | None = None
 
     # ----------------------------------------------------------------- construction helpers
     def _init_bert_style(self) -> None:
@@ -194,7 +201,8 @@ class MPLUG(InferenceMixin, nn.Module):
         image, ids, mask = batch["image"], batch["input_ids"], batch["attention_mask"]
         idx = batch.get("image_id")
         weight = 1.0
-        if idx is not None and "is_pad" in batch:
+        # is_pad is read first where it is (the training loop keeps it on the host): no sync without padding
+        if idx is not None and "is_pad" in batch and host_any(batch["is_pad"]):
             blank = batch["is_pad"].to(idx.device) & (idx < 0)
             if bool(blank.all()):
                 idx, weight = None, 0.0  # no ids to pair: diagonal positives, then weight 0
@@ -225,11 +233,25 @@ class MPLUG(InferenceMixin, nn.Module):
             losses["prefixlm"] = self._decoder_loss(image_states, split)
         if self.training:  # every rank enqueues (a collective); a blank batch adds no row
             rows = slice(None) if weight else slice(0, 0)
-            self.itc.enqueue(image_feat_m[rows], text_feat_m[rows], None if idx is None else idx[rows])
+            pending = (image_feat_m[rows], text_feat_m[rows], None if idx is None else idx[rows])
+            if self.defer_enqueue:
+                self._pending_enqueue = pending
+            else:
+                self.itc.enqueue(*pending)
         zero = image_states.new_zeros(())
         out = {f"loss_{name}": losses.get(name, zero) * weight for name in LOSS_NAMES}
         out["loss"] = sum(weights[name] * losses[name] for name in losses) * weight
         return out
+
+    def commit_enqueue(self) -> None:
+        """Write the momentum features the last deferred forward kept pending (every rank together)."""
+        if self._pending_enqueue is not None:
+            pending, self._pending_enqueue = self._pending_enqueue, None
+            self.itc.enqueue(*pending)
+
+    def discard_enqueue(self) -> None:
+        """Drop the pending features (the step was skipped: its loss was not finite on some rank)."""
+        self._pending_enqueue = None
 
     @torch.no_grad()
     def _momentum_features(self, image: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor,
@@ -245,14 +267,17 @@ class MPLUG(InferenceMixin, nn.Module):
                   image_feat: torch.Tensor, text_feat: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
         b = image_states.shape[0]
         with torch.no_grad():
-            negatives = sample_hard_negatives(image_feat @ text_feat.t() / self.itc.temp, idx)
+            negatives = sample_hard_negatives(self.itc.similarities(image_feat, text_feat.t()), idx)
+        # all 3B examples keep their rows (no boolean selection: a host sync); a row without a true negative
+        # gets weight 0
         rows = torch.arange(b, device=image_states.device)
-        image_rows = torch.cat([rows, negatives.image_for_text[negatives.text_valid], rows[negatives.image_valid]])
-        text_rows = torch.cat([rows, rows[negatives.text_valid], negatives.text_for_image[negatives.image_valid]])
-        labels = torch.zeros(image_rows.shape[0], dtype=torch.long, device=image_states.device)
+        image_rows = torch.cat([rows, negatives.image_for_text, rows])
+        text_rows = torch.cat([rows, rows, negatives.text_for_image])
+        weights = torch.cat([torch.ones_like(negatives.text_valid), negatives.text_valid, negatives.image_valid])
+        labels = torch.zeros(3 * b, dtype=torch.long, device=image_states.device)
         labels[:b] = 1
         _, fused = self.fuse(image_states[image_rows], None, text_states[text_rows], mask[text_rows])
-        return self.itm_head.loss(fused[:, 0], labels)
+        return self.itm_head.loss(fused[:, 0], labels, weights)
 
     def _decoder_loss(self, image_states: torch.Tensor, split, label_smoothing: float = 0.0) -> torch.Tensor:
         memory, memory_mask = self.memory_from_states(image_states, None, split.prefix_ids, split.prefix_mask)

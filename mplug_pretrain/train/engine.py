@@ -1,11 +1,17 @@
 """DeepSpeed engine around our model: client AdamW with two LR groups (no DeepSpeed optimizer or
 scheduler, so no JIT optimizer build and no hijacked LR), ZeRO 0-3, bf16, gradient checkpointing.
 
-Momentum encoders under ZeRO-3: every parameter is partitioned, so ``θm ← m·θm + (1−m)·θ`` is
-applied module pair by module pair (online ViT + momentum ViT, ...) inside one
-``GatheredParameters(modifier_rank=0)`` each, which broadcasts rank 0's result back into the
-partitions: one gather per module, not per parameter. Stages 0-2 keep parameters replicated and update
-in place. Both use one multi-tensor (``torch._foreach_*``) update per module pair (models/momentum.py).
+Precision (README, "Precision (bf16)"): a bf16 run uses DeepSpeed's ``torch_autocast`` mode, not its ``bf16``
+mode. The parameters stay fp32 (they are the optimizer's masters, or an exact copy of them), the engine runs
+the forward under bf16 autocast (never an autocast of ours around it), and the model keeps fp32 islands
+(LayerNorm, losses, ITC/ITM logits). So the momentum encoders, the queues and the exported model are fp32
+without a shadow copy: DeepSpeed's ``bf16`` mode would cast the momentum towers to bf16, where the EMA
+increment (1 - m) * (θ - θm) at m = 0.995 rounds away.
+
+Momentum update ``θm ← m·θm + (1−m)·θ`` (models/momentum.py, one multi-tensor update per module pair):
+stages 0-2 keep parameters replicated and update them in place; under ZeRO-3 online and momentum towers are
+partitioned alike (same shapes, same partitioning), so each rank updates its own shards (``ds_tensor``), and
+the full copies of persistent (small, never released) parameters: no gather, no broadcast.
 
 AdamW is the fused CUDA kernel when the parameters train on a GPU (not with the optimizer offloaded
 to the CPU); elsewhere torch's default implementation, so CPU runs keep their numerics.
@@ -14,9 +20,27 @@ from __future__ import annotations
 
 import torch
 
-from mplug_pretrain.config import Config, deepspeed_config, resolve_precision
-from mplug_pretrain.utils import process_group
-from mplug_pretrain.utils.precision import autocast_context
+from mplug_pretrain.config import Config, deepspeed_config
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.utils.precision import use_fp32_layer_norms
+
+# The DeepSpeed versions this engine was tested with (torch_autocast mode, parameters kept fp32, the ZeRO-3
+# shard layout the momentum update relies on); setup.cfg pins the same range (tests/test_precision.py).
+DEEPSPEED_VERSIONS = ">=0.19.8,<0.20"
+
+
+def check_deepspeed_version(version: str | None = None) -> None:
+    """Raise ConfigError when the installed DeepSpeed (or ``version``) is outside ``DEEPSPEED_VERSIONS``."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+    if version is None:
+        import deepspeed
+        version = deepspeed.__version__
+    if Version(version).release and Version(Version(version).base_version) in SpecifierSet(DEEPSPEED_VERSIONS):
+        return
+    raise ConfigError(f"DeepSpeed {version} is installed; this version of mplug_pretrain was tested with "
+                      f"deepspeed{DEEPSPEED_VERSIONS} (its bf16 policy depends on DeepSpeed's torch_autocast "
+                      f"mode and ZeRO-3 partitioning): pip install 'deepspeed{DEEPSPEED_VERSIONS}'")
 
 
 def use_fused_adamw(train_device_type: str, offload_optimizer: bool) -> bool:
@@ -43,23 +67,70 @@ def build_optimizer(model, cfg: Config, device_type: str = "cpu") -> torch.optim
 
 def build_engine(model, cfg: Config, world_size: int):
     import deepspeed
+    check_deepspeed_version()
     model.set_grad_checkpointing(cfg.model.grad_checkpointing)
     optimizer = build_optimizer(model, cfg, train_device_type())
     ds_config = deepspeed_config(cfg, world_size)
+    if ds_config.get("torch_autocast", {}).get("enabled"):
+        use_fp32_layer_norms(model)  # CPU autocast would run LayerNorm in bf16; CUDA autocast runs it in fp32
+    if hasattr(model, "defer_enqueue"):  # queues take a batch only once its loss is finite on every rank (loop)
+        model.defer_enqueue = True
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    _check_fp32_parameters(engine.module)
     if cfg.run.compile:
         engine.compile()  # torch.compile of the wrapped module (DeepSpeed keeps hooks and state dict names)
     return engine, optimizer, ds_config
 
 
-def train_autocast(cfg: Config):
-    """The precision context (utils/precision.py) of a training forward pass: bf16 autocast where the run is
-    bf16 (DeepSpeed casts the weights; autocast keeps fp32-sensitive ops in fp32), on this rank's device."""
-    return autocast_context(resolve_precision(cfg), process_group.device())
+def engine_precision(engine) -> str:
+    """"bf16" when the engine runs its forward under bf16 autocast (a bf16 run), else "fp32"."""
+    if engine.torch_autocast_enabled() and engine.torch_autocast_dtype() == torch.bfloat16:
+        return "bf16"
+    return "fp32"
+
+
+def _check_fp32_parameters(module) -> None:
+    wrong = [name for name, p in module.named_parameters() if p.is_floating_point() and p.dtype != torch.float32]
+    if wrong:
+        raise RuntimeError(f"DeepSpeed cast parameters to {module.get_parameter(wrong[0]).dtype} ({wrong[0]}, ...): "
+                           "the precision policy keeps them fp32 (bf16 runs use torch_autocast, config.deepspeed_config)")
+
+
+def after_optimizer_step(engine, zero_stage: int) -> None:
+    """What follows every optimizer step: the momentum EMA and the ITC temperature clamp, both on fp32 masters."""
+    momentum_update(engine, zero_stage)
+    clamp_temperature(engine, zero_stage)
+
+
+@torch.no_grad()
+def clamp_temperature(engine, zero_stage: int) -> None:
+    """Clamp the ITC temperature to its range on the optimizer's fp32 master (as open_clip clamps its logit
+    scale after the step) and on the module's copy. Under ZeRO 1-2 the master is a fragment of one rank's
+    flat partition, under ZeRO-3 this rank's shard: each rank clamps what it holds, no communication."""
+    itc = getattr(engine.module, "itc", None)
+    if itc is None or not hasattr(itc, "temp"):
+        return
+    from mplug_pretrain.models.heads.itc import TEMPERATURE_RANGE
+    lo, hi = TEMPERATURE_RANGE
+    temp = itc.temp
+    if zero_stage == 3:
+        from deepspeed.utils import safe_get_local_fp32_param, safe_set_local_fp32_param
+        local = safe_get_local_fp32_param(temp)
+        if local is not None:
+            safe_set_local_fp32_param(temp, local.clamp(lo, hi))
+        temp.ds_tensor.clamp_(lo, hi)
+        if temp.data.numel() == temp.ds_numel:  # persistent: its full copy is the one the forward uses
+            temp.data.clamp_(lo, hi)
+        return
+    mapping = getattr(temp, "_hp_mapping", None)
+    if mapping is not None:  # ZeRO 1-2: this rank holds the master's fp32 fragment
+        mapping.get_hp_fragment().clamp_(lo, hi)
+    temp.data.clamp_(lo, hi)
 
 
 @torch.no_grad()
 def momentum_update(engine, zero_stage: int) -> None:
+    """EMA of every momentum pair after an optimizer step (module docstring: in place, or shard by shard)."""
     module = engine.module
     pairs = module._momentum_pairs()
     if not pairs:
@@ -67,28 +138,40 @@ def momentum_update(engine, zero_stage: int) -> None:
     if zero_stage < 3:
         module.momentum_update()
         return
-    import deepspeed
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
     from mplug_pretrain.models.momentum import ema_update_
     m = module.config.heads.momentum
     for online, momentum in pairs:
-        params, params_m = list(online.parameters()), list(momentum.parameters())
-        with deepspeed.zero.GatheredParameters(params + params_m, modifier_rank=0):  # one gather per module
-            if process_group.rank() == 0:
-                ema_update_(params_m, params, m)
+        shards, shards_m, full, full_m = [], [], [], []
+        for (name, p), p_m in zip(online.named_parameters(), momentum.parameters()):
+            if p.ds_numel != p_m.ds_numel or p.ds_tensor.numel() != p_m.ds_tensor.numel():
+                raise RuntimeError(f"momentum_update: {name} and its momentum copy are partitioned differently")
+            shards.append(p.ds_tensor)
+            shards_m.append(p_m.ds_tensor)
+            if p_m.ds_status == ZeroParamStatus.AVAILABLE:  # a persistent parameter: its full copy stays in use
+                if p.ds_status != ZeroParamStatus.AVAILABLE:
+                    raise RuntimeError(f"momentum_update: the momentum copy of {name} is persistent, {name} is not")
+                full.append(p.data)
+                full_m.append(p_m.data)
+        ema_update_(shards_m, shards, m)
+        ema_update_(full_m, full, m)
 
 
 def save_final_model(engine, out_dir: str, zero_stage: int, rank: int, cfg: Config | None = None) -> None:
-    """Full-precision model folder (save_pretrained) from the live engine; under ZeRO-3 the
-    partitions are gathered first (all at once: fine for models that fit one host's memory).
-    With the run's ``cfg`` the folder also gets its tokenizer, preprocessing.json and VQA decoding settings."""
+    """The fp32 model folder (save_pretrained) from the live engine: its parameters are the fp32 optimizer
+    masters (stages 1-3: an exact fp32 copy of them); under ZeRO-3 the partitions are gathered first (all at
+    once: fine for models that fit one host's memory). With the run's ``cfg`` the folder also gets its
+    tokenizer, preprocessing.json and VQA decoding settings."""
     module = engine.module
     if zero_stage == 3:
         import deepspeed
         with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
             if rank == 0:
+                _check_fp32_parameters(module)
                 module.save_pretrained(out_dir)
     elif rank == 0:
+        _check_fp32_parameters(module)
         module.save_pretrained(out_dir)
     if rank == 0 and cfg is not None:
         from mplug_pretrain.train.export import complete_model_folder

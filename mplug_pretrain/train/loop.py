@@ -10,8 +10,10 @@ owns DeepSpeed, exact resume, non-finite skipping, signals, logging and the fina
 boundary ``_finish_step`` (momentum update, ``_log_step``, ``_maybe_checkpoint``) -> ``_finish``.
 
 Host syncs: one per micro-step (the all-rank finiteness flag, needed before backward to skip a
-non-finite micro-batch) and one per optimizer step (the accumulated losses, read together for the log);
-the losses are accumulated on the device in float64, exactly as the former per-micro-step ``float()``."""
+non-finite micro-batch; the model's forward has none, bench/README.md) and, per optimizer step, the log
+record's (the accumulated losses, read together) and the checkpoint-due flag; the losses are accumulated on
+the device in float64, exactly as the former per-micro-step ``float()``. No autocast here: a bf16 engine
+runs its forward under its own (train/engine.py)."""
 from __future__ import annotations
 
 import os
@@ -30,7 +32,7 @@ from mplug_pretrain.data.decode_stats import DecodeStats, sum_over_ranks
 from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.train.checkpoint import TrainerState, load_checkpoint, resolve_resume, save_checkpoint
 from mplug_pretrain.train.distributed import init_distributed
-from mplug_pretrain.train.engine import build_engine, momentum_update, save_final_model, train_autocast
+from mplug_pretrain.train.engine import after_optimizer_step, build_engine, engine_precision, save_final_model
 from mplug_pretrain.train.flops import current_peak_flops, mfu
 from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, reporters, truncate_log
 from mplug_pretrain.train.schedule import apply_lr
@@ -90,13 +92,18 @@ def training_loader_spec(cfg: Config, rank: int, world_size: int, state: Trainer
     d = cfg.data
     return LoaderSpec(d.train_shards, d.batch_size, d.num_workers, mode=d.mode, seed=cfg.run.seed, shuffle=True,
                       shuffle_buffer=d.shuffle_buffer, samples_per_epoch=d.samples_per_epoch, weights=d.train_weights,
-                      epoch=state.epoch, start_batch=state.batch_in_epoch, rank=rank, world_size=world_size)
+                      epoch=state.epoch, start_batch=state.batch_in_epoch, rank=rank, world_size=world_size,
+                      pin_memory=torch.cuda.is_available())  # pinned batches: the non_blocking copies overlap
+
+
+# Flags the tasks read on the host (which rows are padding): they stay there, so reading them is no device sync.
+HOST_KEYS = ("is_pad",)
 
 
 def _to_device(batch: dict, device, float_dtype=None) -> dict:
     out = {}
     for key, value in batch.items():
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and key not in HOST_KEYS:
             value = value.to(device, non_blocking=True)
             if float_dtype is not None and value.is_floating_point():
                 value = value.to(float_dtype)
@@ -149,6 +156,14 @@ class _Run:
         return self.cfg.data.batch_size * self.cfg.optim.grad_accum_steps * self.world
 
 
+def bare_run(cfg: Config, task: TrainTask, engine, optimizer, rank: int = 0, world: int = 1) -> _Run:
+    """A ``_Run`` without run folder or log file, for benches and tests that drive ``_micro_step`` themselves."""
+    run = _Run(cfg=cfg, task=task, rank=rank, world=world, run_dir="", ckpt_dir="", engine=engine,
+               optimizer=optimizer, device=engine.device, float_dtype=None, peak_flops=None)
+    run.log = RunLog(os.devnull, cfg.optim.max_steps, enabled=False, tensorboard=False)
+    return run
+
+
 def _setup(cfg: Config, task: TrainTask) -> _Run:
     """Distributed init, run folder (config, world.json, stale preemption marker removed), seeds, engine."""
     info = init_distributed(cfg.distributed.backend, cfg.distributed.timeout_minutes)
@@ -168,10 +183,11 @@ def _setup(cfg: Config, task: TrainTask) -> _Run:
 
     model = task.build_model(cfg)
     engine, optimizer, _ = build_engine(model, cfg, world)
-    float_dtype = torch.bfloat16 if engine.bfloat16_enabled() else None
+    float_dtype = None  # batches stay fp32: a bf16 engine's own autocast casts them at its bf16 matmuls
     on_gpu = torch.device(engine.device).type == "cuda"
     # the GPU table holds bf16 peaks: an fp32 run on a GPU reports no MFU rather than a wrong one
-    peak = current_peak_flops(engine.device, cfg.run.cpu_peak_flops) if (float_dtype or not on_gpu) else None
+    bf16 = engine_precision(engine) == "bf16"
+    peak = current_peak_flops(engine.device, cfg.run.cpu_peak_flops) if (bf16 or not on_gpu) else None
     return _Run(cfg=cfg, task=task, rank=rank, world=world, run_dir=run_dir, ckpt_dir=ckpt_dir, engine=engine,
                 optimizer=optimizer, device=engine.device, float_dtype=float_dtype, peak_flops=peak)
 
@@ -203,15 +219,18 @@ def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
     if run.task.flops_per_sample is not None and run.peak_flops is not None:
         run.flops_per_sample = run.task.flops_per_sample(cfg, batch)
     batch = _to_device(batch, run.device, run.float_dtype)
-    with train_autocast(cfg):
-        out = run.task.losses(engine, batch, state)
+    out = run.task.losses(engine, batch, state)  # no autocast here: a bf16 engine enters its own
     loss = out["loss"]
     if state.global_step in run.nan_steps and run.micro == 0:
         run.nan_steps.discard(state.global_step)
         loss = loss * float("nan")  # fault injection for tests (run.inject_nonfinite_at_steps)
+    module = engine.module
     if _any_rank_nonfinite(loss):
         # every rank skips this micro-batch together: no backward, so nothing reaches the
-        # optimizer (with accumulation, the other micro-batches of the step still count)
+        # optimizer (with accumulation, the other micro-batches of the step still count), and its momentum
+        # features never reach the queues
+        if hasattr(module, "discard_enqueue"):
+            module.discard_enqueue()
         state.nonfinite_skipped += 1
         run.in_a_row += 1
         run.log.event(f"[train] non-finite loss at step {state.global_step}: skipped "
@@ -222,6 +241,8 @@ def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
                 f"run.max_nonfinite_in_row={cfg.run.max_nonfinite_in_row}); lower optim.lr_rest / "
                 "optim.lr_vision or check the data")
         return None
+    if hasattr(module, "commit_enqueue"):
+        module.commit_enqueue()  # the loss is finite on every rank: this batch's momentum features enter the queues
     engine.backward(loss)
     for key, value in out.items():
         if key.startswith("loss"):  # stays on the device: read once per optimizer step
@@ -282,7 +303,7 @@ def _maybe_checkpoint(run: _Run) -> bool:
 
 def _finish_step(run: _Run, lrs: dict, data_time: float, step_time: float) -> bool:
     """After an optimizer step: momentum update, counters, log, checkpoint. -> True to stop training."""
-    momentum_update(run.engine, run.cfg.distributed.zero_stage)
+    after_optimizer_step(run.engine, run.cfg.distributed.zero_stage)  # momentum EMA, temperature clamp
     run.in_a_row = 0
     run.micro = 0
     run.state.global_step += 1

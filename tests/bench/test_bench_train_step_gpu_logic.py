@@ -42,3 +42,47 @@ def test_tiled_batch_shape_and_ids(demo_shards):
     assert torch.equal(batch["image"][16], batch["image"][0])  # tiled from one real batch of 16
     if "image_id" in batch:
         assert len(set(batch["image_id"].tolist())) == 40
+
+
+def test_tiled_batch_text_is_padded_to_the_counted_length(demo_shards):
+    from mplug_pretrain.bench.train_step_gpu import TEXT_TOKENS
+    batch = _tiled_batch("tiny", 20, "cpu")
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (20, TEXT_TOKENS)
+    assert batch["is_pad"].device.type == "cpu"
+
+
+def test_queues_are_filled_before_timing():
+    from mplug_pretrain.bench.train_step_gpu import _fill_queues
+    from mplug_pretrain.models.mplug import MPLUG
+    from mplug_pretrain.models.presets import get_preset_config
+    model = MPLUG(get_preset_config("tiny"))
+    _fill_queues(model)
+    itc = model.itc
+    assert int(itc.queue_count) == itc.queue_size
+    torch.testing.assert_close(itc.image_queue.norm(dim=0), torch.ones(itc.queue_size))
+    assert len(set(itc.idx_queue.tolist())) == itc.queue_size
+
+
+def test_every_case_runs_in_a_process_of_its_own(monkeypatch, tmp_path):
+    import json
+    import subprocess
+
+    from mplug_pretrain.bench import train_step_gpu
+    launched = []
+    real_run = subprocess.run
+
+    def fake_run(cmd, **kwargs):
+        if "--worker" not in cmd:  # the machine description's own commands
+            return real_run(cmd, **kwargs)
+        cases = json.loads(cmd[cmd.index("--worker") + 1])
+        launched.append(cases)
+        code = 1 if cases[0][0] == "large" and cases[0][1] == 3 else 0  # one case dies of a CUDA error
+        if code == 0:
+            with open(cmd[cmd.index("--rows") + 1], "w") as f:
+                json.dump([{"preset": cases[0][0], "zero_stage": cases[0][1]}], f)
+        return subprocess.CompletedProcess(cmd, code, "", "CUDA error: an illegal memory access")
+    monkeypatch.setattr(train_step_gpu.subprocess, "run", fake_run)
+    result = train_step_gpu.run(str(tmp_path / "out.json"))
+    assert launched == [[list(case)] for case in train_step_gpu.CASES]
+    assert len(result["rows"]) == len(train_step_gpu.CASES) - 2  # both large ZeRO-3 cases failed, the rest kept
+    assert result["complete"] is False and result["failed_cases"] == [["large", 3, False], ["large", 3, True]]

@@ -56,3 +56,21 @@ def test_fused_adamw_only_for_gpu_tensors():
         opt = build_optimizer(model, cfg, "cuda")
         sum(p.sum() for p in model.parameters() if p.requires_grad).backward()
         opt.step()
+
+
+def test_training_batches_are_pinned_only_where_they_go_to_a_gpu(monkeypatch):
+    from mplug_pretrain.train.checkpoint import TrainerState
+    from mplug_pretrain.train.loop import training_loader_spec
+    cfg = load_config(None, ["model.preset=tiny"], check_paths=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not training_loader_spec(cfg, 0, 1, TrainerState()).pin_memory
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert training_loader_spec(cfg, 0, 1, TrainerState()).pin_memory
+
+
+def test_base_pretraining_config_runs_without_gradient_checkpointing():
+    import os
+
+    from tests.helpers import REPO_ROOT
+    cfg = load_config(os.path.join(REPO_ROOT, "configs", "pretrain_base.yaml"), check_paths=False)
+    assert cfg.model.grad_checkpointing is False and cfg.model.preset == "base"

@@ -9,9 +9,13 @@ With K = [f'_l ; text_queue] (B + Q_valid columns) and temperature tau (learnabl
     y_i2t[i, j] = 1[id_i == id_j] / sum_j 1[id_i == id_j]            (same-id positives; identity without ids)
     y~_i2t = alpha softmax(f'_v K^T / tau) + (1 - alpha) y_i2t       (momentum distillation)
     L_i2t = -mean_i sum_j y~_i2t[i, j] log softmax(s_i2t)[i, j];  L_t2i symmetric;  L_itc = (L_i2t + L_t2i) / 2
-Only the filled part of the queues takes part (no random placeholder negatives before the queue is full).
+Only the filled part of the queues takes part (no random placeholder negatives before the queue is full):
+the unfilled columns are masked out of the softmax, so the shapes never depend on the fill (no host sync).
 ``enqueue`` writes a batch at ``queue_ptr`` with wrap-around; a batch need not divide Q (a batch larger
-than Q keeps its last Q rows). Under torch.distributed the features of all ranks are gathered first.
+than Q keeps its last Q rows); pointer and count stay on the device. Under torch.distributed the features of
+all ranks are gathered first.
+Precision: features, similarities, softmaxes and the loss are fp32 (an fp32 island inside a bf16 autocast
+forward, utils/precision.py); the queues are fp32 buffers.
 """
 from __future__ import annotations
 
@@ -21,6 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from mplug_pretrain.utils import process_group
+from mplug_pretrain.utils.host_syncs import check_on_device
+from mplug_pretrain.utils.precision import fp32_island
+
+TEMPERATURE_RANGE = (0.001, 0.5)  # tau is clamped to this (ALBEF)
 
 
 class ImageTextContrastive(nn.Module):
@@ -41,70 +49,101 @@ class ImageTextContrastive(nn.Module):
 
     def image_features(self, image_cls: torch.Tensor, momentum: bool = False) -> torch.Tensor:
         proj = self.vision_proj_m if momentum else self.vision_proj
-        return F.normalize(proj(image_cls), dim=-1)
+        return _normalize_fp32(proj(image_cls))
 
     def text_features(self, text_cls: torch.Tensor, momentum: bool = False) -> torch.Tensor:
         proj = self.text_proj_m if momentum else self.text_proj
-        return F.normalize(proj(text_cls), dim=-1)
+        return _normalize_fp32(proj(text_cls))
+
+    def similarities(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a [N, E] @ b [E, M] / tau in fp32 (never a bf16 product cast afterwards) -> logits [N, M] fp32."""
+        with fp32_island(a.device):
+            return (a.float() @ b.float()) / self.temp.float()
 
     @torch.no_grad()
     def clamp_temperature(self) -> None:
-        self.temp.clamp_(0.001, 0.5)
+        self.temp.clamp_(*TEMPERATURE_RANGE)
 
     def loss(self, image_feat: torch.Tensor, text_feat: torch.Tensor, image_feat_m: torch.Tensor,
              text_feat_m: torch.Tensor, idx: torch.Tensor | None = None, alpha: float = 0.0) -> torch.Tensor:
         """L_itc of the module docstring; inputs [B, E] (L2-normalized), idx [B] long (>= 0) or None."""
         b = image_feat.shape[0]
-        if idx is not None and (idx.shape != (b,) or bool((idx < 0).any())):
-            raise ValueError(f"image_id must be [B] = [{b}] non-negative ids, got shape {tuple(idx.shape)}")
-        valid = int(self.queue_count)
-        image_all = torch.cat([image_feat_m.t(), self.image_queue[:, :valid].to(image_feat_m.dtype)], dim=1)
-        text_all = torch.cat([text_feat_m.t(), self.text_queue[:, :valid].to(text_feat_m.dtype)], dim=1)
-        with torch.no_grad():
-            if idx is None:
-                pos = torch.zeros(b, b + valid, device=image_feat.device)
-                pos[:, :b] = torch.eye(b, device=image_feat.device)
-            else:
-                idx_all = torch.cat([idx, self.idx_queue[:valid]])
-                pos = (idx[:, None] == idx_all[None, :]).float()
-            targets = pos / pos.sum(1, keepdim=True)
-            if alpha > 0:
-                sim_i2t_m = (image_feat_m @ text_all).float() / self.temp
-                sim_t2i_m = (text_feat_m @ image_all).float() / self.temp
-                target_i2t = alpha * sim_i2t_m.softmax(1) + (1 - alpha) * targets
-                target_t2i = alpha * sim_t2i_m.softmax(1) + (1 - alpha) * targets
-            else:
-                target_i2t = target_t2i = targets
-        sim_i2t = (image_feat @ text_all).float() / self.temp
-        sim_t2i = (text_feat @ image_all).float() / self.temp
-        loss_i2t = -(F.log_softmax(sim_i2t, dim=1) * target_i2t).sum(1).mean()
-        loss_t2i = -(F.log_softmax(sim_t2i, dim=1) * target_t2i).sum(1).mean()
-        return (loss_i2t + loss_t2i) / 2
+        if idx is not None:
+            if idx.shape != (b,):
+                raise ValueError(f"image_id must be [B] = [{b}] non-negative ids, got shape {tuple(idx.shape)}")
+            check_on_device((idx >= 0).all(), f"image_id must be [B] = [{b}] non-negative ids")
+        device = image_feat.device
+        q = self.queue_size
+        with fp32_island(device):
+            filled = torch.cat([torch.ones(b, dtype=torch.bool, device=device),
+                                torch.arange(q, device=device) < self.queue_count])  # [B + Q] columns in use
+            image_all = torch.cat([image_feat_m.float().t(), self.image_queue.float()], dim=1)
+            text_all = torch.cat([text_feat_m.float().t(), self.text_queue.float()], dim=1)
+            with torch.no_grad():
+                if idx is None:
+                    pos = torch.zeros(b, b + q, device=device)
+                    pos[:, :b] = torch.eye(b, device=device)
+                else:
+                    idx_all = torch.cat([idx, self.idx_queue])
+                    pos = ((idx[:, None] == idx_all[None, :]) & filled).float()
+                targets = pos / pos.sum(1, keepdim=True)
+                if alpha > 0:
+                    sim_i2t_m = _mask_columns(self.similarities(image_feat_m, text_all), filled)
+                    sim_t2i_m = _mask_columns(self.similarities(text_feat_m, image_all), filled)
+                    target_i2t = alpha * sim_i2t_m.softmax(1) + (1 - alpha) * targets
+                    target_t2i = alpha * sim_t2i_m.softmax(1) + (1 - alpha) * targets
+                else:
+                    target_i2t = target_t2i = targets
+            sim_i2t = _mask_columns(self.similarities(image_feat, text_all), filled)
+            sim_t2i = _mask_columns(self.similarities(text_feat, image_all), filled)
+            loss_i2t = -(F.log_softmax(sim_i2t, dim=1) * target_i2t).sum(1).mean()
+            loss_t2i = -(F.log_softmax(sim_t2i, dim=1) * target_t2i).sum(1).mean()
+            return (loss_i2t + loss_t2i) / 2
 
     @torch.no_grad()
     def enqueue(self, image_feat_m: torch.Tensor, text_feat_m: torch.Tensor, idx: torch.Tensor | None) -> None:
         """Ring-buffer write of this step's momentum features (gathered over ranks)."""
         if idx is None:
             idx = torch.full((image_feat_m.shape[0],), -1, dtype=torch.long, device=image_feat_m.device)
-        image_feat_m, text_feat_m, idx = (_gather_rows(t) for t in (image_feat_m, text_feat_m, idx))
+        sizes = _rank_row_counts(image_feat_m.shape[0], image_feat_m.device)
+        image_feat_m, text_feat_m, idx = (_gather_rows(t, sizes) for t in (image_feat_m, text_feat_m, idx))
         n, q = image_feat_m.shape[0], self.queue_size
-        positions = (int(self.queue_ptr) + torch.arange(n, device=image_feat_m.device)) % q
+        positions = (self.queue_ptr + torch.arange(n, device=image_feat_m.device)) % q  # on the device: no sync
         keep = slice(max(0, n - q), n)  # a batch larger than the queue: only its last Q rows survive
         self.image_queue[:, positions[keep]] = image_feat_m[keep].t().to(self.image_queue.dtype)
         self.text_queue[:, positions[keep]] = text_feat_m[keep].t().to(self.text_queue.dtype)
         self.idx_queue[positions[keep]] = idx[keep]
-        self.queue_ptr.fill_((int(self.queue_ptr) + n) % q)
-        self.queue_count.fill_(min(q, int(self.queue_count) + n))
+        self.queue_ptr.copy_((self.queue_ptr + n) % q)
+        self.queue_count.copy_((self.queue_count + n).clamp(max=q))
 
 
-def _gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``x`` [n_rank, ...] over all ranks (ranks may hold different n: a last partial batch)."""
+def _normalize_fp32(x: torch.Tensor) -> torch.Tensor:
+    with fp32_island(x.device):
+        return F.normalize(x.float(), dim=-1)
+
+
+def _mask_columns(logits: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
+    """Unfilled queue columns out of every softmax: the most negative finite fp32 (exp gives exactly 0, and
+    times a zero target it stays 0, where -inf would give NaN)."""
+    return logits.masked_fill(~filled, torch.finfo(logits.dtype).min)
+
+
+def _rank_row_counts(rows: int, device: torch.device) -> list[int]:
+    """Every rank's row count (ranks may hold different counts: a last partial batch), read on the host in one
+    go: a single sync per enqueue, none in a single process."""
     world = process_group.world_size()
     if world == 1:
+        return [rows]
+    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
+    dist.all_gather(counts, torch.tensor([rows], device=device))
+    return torch.cat(counts).tolist()
+
+
+def _gather_rows(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """Concatenate ``x`` [n_rank, ...] over all ranks; ``sizes`` = every rank's n (``_rank_row_counts``)."""
+    world = len(sizes)
+    if world == 1:
         return x
-    sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(world)]
-    dist.all_gather(sizes, torch.tensor([x.shape[0]], device=x.device))
-    sizes = [int(s) for s in sizes]
     padded = x.new_zeros((max(sizes),) + tuple(x.shape[1:]))
     padded[: x.shape[0]] = x
     chunks = [torch.zeros_like(padded) for _ in range(world)]

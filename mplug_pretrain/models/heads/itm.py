@@ -3,12 +3,16 @@
 Hard negatives: for text i an image j ~ w_t2i[i, :], for image i a text j ~ w_i2t[i, :], with
     w[i, j] = softmax(s[i, :])_j + eps,  set to 0 where id_i == id_j (the diagonal included),
 s the in-batch ITC similarities (no gradient, computed in fp32). The epsilon keeps every row with an
-allowed column non-zero, so ``torch.multinomial`` never sees an all-zero row (bf16 softmax underflow,
-all-equal similarities). A row whose every column shares its id (a batch of one image's captions) has no
-true negative: it is reported invalid and left out of the loss instead of training on a false negative.
+allowed column non-zero, so no row is all-zero (bf16 softmax underflow, all-equal similarities). NaN/inf
+similarities (a diverging step, which the training loop then skips) are replaced by finite values first, so
+sampling never fails. One draw per row by inverse CDF (``searchsorted`` of a uniform in the cumulative
+weights), the distribution ``torch.multinomial`` draws from, without its checks' host syncs.
+A row whose every column shares its id (a batch of one image's captions) has no
+true negative: it is reported invalid and weighted out of the loss instead of training on a false negative.
 
 Examples (up to 3B): (image_i, text_i) label 1; (image_neg(i), text_i) label 0; (image_i, text_neg(i)) label 0.
-Loss: cross-entropy of ``ImageTextMatchingHead`` = Linear(D, 2) on the fused text [CLS], mean over examples.
+Loss: cross-entropy of ``ImageTextMatchingHead`` = Linear(D, 2) on the fused text [CLS], mean over examples
+(logits and loss in fp32, an fp32 island inside a bf16 forward).
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from mplug_pretrain.utils.precision import fp32_island
 
 
 @dataclass
@@ -38,15 +44,25 @@ def sample_hard_negatives(sim_i2t: torch.Tensor, idx: torch.Tensor | None = None
         same = torch.eye(b, dtype=torch.bool, device=sim_i2t.device)
     else:
         same = idx[:, None] == idx[None, :]
-    sim = sim_i2t.float()
-    w_i2t = (sim.softmax(1) + eps).masked_fill(same, 0)
-    w_t2i = (sim.t().softmax(1) + eps).masked_fill(same, 0)
-    valid = ~same.all(1)  # `same` is symmetric: the same rows lack candidates in both directions
-    w_i2t[~valid] = 1.0  # placeholders so multinomial runs; those rows are dropped by the caller
-    w_t2i[~valid] = 1.0
-    text_for_image = torch.multinomial(w_i2t, 1, generator=generator).squeeze(1)
-    image_for_text = torch.multinomial(w_t2i, 1, generator=generator).squeeze(1)
+    with fp32_island(sim_i2t.device):
+        sim = torch.nan_to_num(sim_i2t.float(), nan=0.0, posinf=1e4, neginf=-1e4)
+        w_i2t = (sim.softmax(1) + eps).masked_fill(same, 0)
+        w_t2i = (sim.t().softmax(1) + eps).masked_fill(same, 0)
+        valid = ~same.all(1)  # `same` is symmetric: the same rows lack candidates in both directions
+        w_i2t = torch.where(valid[:, None], w_i2t, 1.0)  # placeholders; those rows are weighted out by the caller
+        w_t2i = torch.where(valid[:, None], w_t2i, 1.0)
+        text_for_image = _draw_one(w_i2t, generator)
+        image_for_text = _draw_one(w_t2i, generator)
     return HardNegatives(image_for_text, text_for_image, valid, valid.clone())
+
+
+def _draw_one(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One column per row of non-negative ``weights`` [B, N] (every row with a positive entry), with
+    probability proportional to its weight: the first column whose cumulative weight exceeds u * total."""
+    cumulative = weights.cumsum(1)
+    u = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=weights.dtype)
+    column = torch.searchsorted(cumulative, u * cumulative[:, -1:], right=True).squeeze(1)
+    return column.clamp(max=weights.shape[1] - 1)  # u * total rounding onto the last boundary
 
 
 class ImageTextMatchingHead(nn.Module):
@@ -57,7 +73,14 @@ class ImageTextMatchingHead(nn.Module):
         self.linear = nn.Linear(width, 2)
 
     def forward(self, fused_cls: torch.Tensor) -> torch.Tensor:
-        return self.linear(fused_cls)
+        with fp32_island(fused_cls.device):
+            return F.linear(fused_cls.float(), self.linear.weight.float(), self.linear.bias.float())
 
-    def loss(self, fused_cls: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.forward(fused_cls).float(), labels)
+    def loss(self, fused_cls: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean cross-entropy over examples; ``weights`` [N] (0/1) leave examples out without changing shapes."""
+        with fp32_island(fused_cls.device):
+            if weights is None:
+                return F.cross_entropy(self(fused_cls), labels)
+            losses = F.cross_entropy(self(fused_cls), labels, reduction="none")
+            weights = weights.float()
+            return (losses * weights).sum() / weights.sum().clamp(min=1.0)

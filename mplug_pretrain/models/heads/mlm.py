@@ -4,7 +4,7 @@
 probability p (0.15); a selected token becomes [MASK] with prob. 0.8, a uniformly random vocabulary id
 with prob. 0.1, and stays unchanged with prob. 0.1. labels = original id at selected positions, -100 elsewhere.
 Loss: L_mlm = mean over selected positions of -log softmax(LMHead(fused_text))[label], the head tied to the
-text encoder's word embeddings. Logits are computed only at selected positions.
+text encoder's word embeddings. Logits at every position; only the selected ones count (no host sync to find them).
 """
 from __future__ import annotations
 
@@ -36,9 +36,12 @@ def mask_tokens(input_ids: torch.Tensor, attention_mask: torch.Tensor, vocab_siz
 
 def mlm_loss(head: LMPredictionHead, fused_text: torch.Tensor, labels: torch.Tensor,
              word_embeddings: torch.Tensor) -> torch.Tensor:
-    """fused_text [B, T, D], labels [B, T] -> mean cross-entropy over selected positions."""
-    selected = labels != IGNORE_INDEX
-    if not bool(selected.any()):  # nothing masked in this batch: a zero that keeps the graph connected
-        return head(fused_text[:, :1], word_embeddings).sum() * 0.0
-    logits = head(fused_text[selected], word_embeddings)
-    return F.cross_entropy(logits.float(), labels[selected])
+    """fused_text [B, T, D], labels [B, T] -> mean cross-entropy over selected positions (0 when none is).
+
+    The head runs on every position and unselected ones are ignored: selecting the ~15% first (boolean-mask
+    indexing) would need their count on the host, a sync per step that costs more than the extra logits.
+    Logits are upcast and the loss is fp32."""
+    logits = head(fused_text, word_embeddings)
+    summed = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                             reduction="sum")
+    return summed / (labels != IGNORE_INDEX).sum().clamp(min=1)

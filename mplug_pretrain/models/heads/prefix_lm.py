@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, PAD_ID
+from mplug_pretrain.utils.host_syncs import check_on_device
 
 
 @dataclass
@@ -29,22 +30,26 @@ class PrefixSplit:
 
 
 def caption_lengths(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """n per row (tokens between [CLS] and [SEP]); checks the layout the split relies on."""
+    """n per row (tokens between [CLS] and [SEP]); checks the layout the split relies on (on the device: no
+    host sync; ValueError on the CPU)."""
     lengths = attention_mask.long().sum(1)
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-    if not bool((attention_mask.bool() == (positions[None] < lengths[:, None])).all()):
-        raise ValueError("attention_mask must be right-padded (ones then zeros)")
-    if bool((lengths < 2).any()) or not bool((input_ids[:, 0] == BOS_ID).all()):
-        raise ValueError(f"every text must start with [CLS] ({BOS_ID}) and end with [SEP] ({EOS_ID})")
-    if not bool((input_ids.gather(1, (lengths - 1)[:, None]) == EOS_ID).all()):
-        raise ValueError(f"every text must end with [SEP] ({EOS_ID}) before its padding")
+    check_on_device((attention_mask.bool() == (positions[None] < lengths[:, None])).all(),
+                    "attention_mask must be right-padded (ones then zeros)")
+    check_on_device((lengths >= 2).all() & (input_ids[:, 0] == BOS_ID).all(),
+                    f"every text must start with [CLS] ({BOS_ID}) and end with [SEP] ({EOS_ID})")
+    last = input_ids.gather(1, (lengths - 1).clamp(min=0)[:, None])
+    check_on_device((last == EOS_ID).all(), f"every text must end with [SEP] ({EOS_ID}) before its padding")
     return lengths - 2
 
 
 def split_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_min_tokens: int = 1,
                  split: torch.Tensor | None = None, generator: torch.Generator | None = None) -> PrefixSplit:
-    """Split each caption into a prefix and a target (module docstring)."""
+    """Split each caption into a prefix and a target (module docstring). The drawn split pads prefix and
+    target to the text's length T (their longest rows are at most T long): sizing them to the longest row
+    would read the drawn lengths on the host, a sync per step. A fixed ``split`` sizes them exactly."""
     n = caption_lengths(input_ids, attention_mask)
+    t = input_ids.shape[1]
     if split is None:
         hi = (n - 1).clamp(min=0)
         lo = torch.minimum(torch.full_like(hi, prefix_min_tokens), hi)
@@ -52,17 +57,16 @@ def split_prefix(input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix_m
         k = torch.minimum(lo + (u * (hi - lo + 1).float()).long(), hi)  # min() guards u*(m) rounding up to m
     else:
         k = split.to(n.device).long().expand_as(n)
-        if bool((k > n).any()) or bool((k < 0).any()):
-            raise ValueError("prefix split longer than a caption (a caption shorter than its prompt?)")
-    t = input_ids.shape[1]
+        check_on_device(((k <= n) & (k >= 0)).all(),
+                        "prefix split longer than a caption (a caption shorter than its prompt?)")
     pos = torch.arange(t, device=input_ids.device)[None]
-    prefix_len = int(k.max()) + 2
+    prefix_len = t if split is None else min(t, int(split) + 2)  # a fixed split is a host value
     prefix_pos = pos[:, :prefix_len]
     prefix_ids = torch.where(prefix_pos <= k[:, None], input_ids[:, :prefix_len], PAD_ID)
     prefix_ids = torch.where(prefix_pos == k[:, None] + 1, EOS_ID, prefix_ids)
     prefix_mask = (prefix_pos <= k[:, None] + 1).long()
     target_real = n - k + 2  # BOS + n - k caption tokens + SEP
-    target_len = int(target_real.max())
+    target_len = t if split is None else max(2, t - int(split))
     target_pos = pos[:, :target_len]
     source = (k[:, None] + target_pos).clamp(max=t - 1)
     target_ids = input_ids.gather(1, source)
