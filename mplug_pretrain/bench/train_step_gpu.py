@@ -14,6 +14,8 @@ size, its text padded to the ``TEXT_TOKENS`` = 30 tokens the FLOP count assumes,
 warm-up steps (the FLOP count, memory and largest batch are those of a full queue). Each case runs in a
 process of its own, so a CUDA error other than running out of memory loses that case only.
 Written to bench/results/train_step_gpu.json by default.
+A GPU lease is short: ``MPLUG_BENCH_GPU_CASES`` (e.g. ``base:2:off,large:2:off``: preset, ZeRO stage,
+checkpointing) picks the cases and ``MPLUG_BENCH_GPU_START_BATCH`` the first batch of the doubling.
 """
 from __future__ import annotations
 
@@ -142,11 +144,12 @@ def worker(cases: list, out: str) -> None:
     from mplug_pretrain.train.distributed import init_distributed, shutdown_distributed
     init_distributed("nccl", timeout_minutes=30)
     rows = []
+    start = int(os.environ.get("MPLUG_BENCH_GPU_START_BATCH", START_BATCH))
     for preset, stage, ckpt in cases:
-        row = largest_batch(preset, stage, ckpt)
+        row = largest_batch(preset, stage, ckpt, start=start)
         if row is None:
             row = {"preset": preset, "zero_stage": stage, "grad_checkpointing": ckpt, "batch_per_rank": 0,
-                   "oom_at": START_BATCH}
+                   "oom_at": start}
         rows.append(row)
         print(f"[train-step gpu] {json.dumps(row)}", flush=True)
         write_json_atomic(out, rows, indent=None)  # partial results survive a later failure
@@ -154,10 +157,23 @@ def worker(cases: list, out: str) -> None:
     shutdown_distributed()
 
 
+def cases_from_env(value: str | None) -> list[tuple[str, int, bool]] | None:
+    """``MPLUG_BENCH_GPU_CASES``: "preset:stage:on|off,..." -> [(preset, stage, checkpointing)]; None if unset."""
+    if not value:
+        return None
+    cases = []
+    for item in value.split(","):
+        preset, stage, ckpt = item.strip().split(":")
+        if ckpt not in ("on", "off"):
+            raise ValueError(f"MPLUG_BENCH_GPU_CASES: {item!r}: checkpointing must be on or off")
+        cases.append((preset, int(stage), ckpt == "on"))
+    return cases
+
+
 def run(out: str, quick: bool = False) -> dict:
     """quick: base preset, ZeRO 2, checkpointing off only."""
     from mplug_pretrain.config import REPO_ROOT
-    cases = [("base", 2, False)] if quick else CASES
+    cases = [("base", 2, False)] if quick else (cases_from_env(os.environ.get("MPLUG_BENCH_GPU_CASES")) or CASES)
     env = dict(os.environ)
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO_ROOT, ".cache", "torch_extensions"))
     rows, failed = [], []
@@ -175,7 +191,8 @@ def run(out: str, quick: bool = False) -> dict:
                 failed.append(list(case))
                 print(f"[train-step gpu] case {case} failed:\n{proc.stderr[-4000:]}", flush=True)
     return write_bench("train_step_gpu", rows, out, quick=quick, precision="bf16", device="cuda",
-                       start_batch=START_BATCH, max_batch=MAX_BATCH, warmup_steps=WARMUP_STEPS,
+                       start_batch=int(os.environ.get("MPLUG_BENCH_GPU_START_BATCH", START_BATCH)),
+                       max_batch=MAX_BATCH, warmup_steps=WARMUP_STEPS,
                        text_tokens=TEXT_TOKENS, complete=not failed, failed_cases=failed)
 
 
