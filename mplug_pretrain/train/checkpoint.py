@@ -163,11 +163,12 @@ def _write_marker(tag_dir: str, step: int, world_size: int, task: str | None) ->
 def _write_failed(ckpt_dir: str, tag: str, err: BaseException) -> CheckpointError:
     """Remove the partial tag; an error naming the folder, its free space and whether the disk is full."""
     tag_dir = os.path.join(ckpt_dir, tag)
+    # torch's zip writer reports a full disk as a short write ("unexpected pos", "file write failed")
+    full = (getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(err)
+            or shutil.disk_usage(ckpt_dir).free < 16 * 2**20)
     shutil.rmtree(tag_dir, ignore_errors=True)
     free = shutil.disk_usage(ckpt_dir).free
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    full = (getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(err)
-            or "unexpected pos" in str(err))  # torch's zip writer reports a short write this way
     latest = read_latest(ckpt_dir)
     previous = tag_size(ckpt_dir, latest) if latest else None
     need = f"; the previous tag {latest} takes {_mb(previous)}" if previous else ""
