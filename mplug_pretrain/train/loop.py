@@ -203,7 +203,10 @@ def _resume(run: _Run) -> None:
     the folder as it was), drop log records after the checkpoint, open the log."""
     cfg, tag = run.cfg, run.resume_tag
     if tag is not None:
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
         run.state = ckpt.load_checkpoint(run.engine, run.ckpt_dir, tag, run.rank)
+        for group, own in zip(run.optimizer.param_groups, settings):
+            group.update(own)  # this config's peak lrs, decay, betas: a change run.allow_config_change accepted applies
     if run.rank == 0:
         save_config(cfg, os.path.join(run.run_dir, "config.yaml"))
         if tag is not None:
@@ -290,7 +293,7 @@ def _maybe_checkpoint(run: _Run) -> bool:
     finished = state.global_step >= cfg.optim.max_steps
     if signal_flag or time_flag or finished or state.global_step % cfg.run.checkpoint_every_steps == 0:
         written = ckpt.save_checkpoint(run.engine, run.ckpt_dir, state, run.rank, cfg.run.keep_last, run.world,
-                                  run_config=config_text(cfg), task=run.task.name)
+                                       run_config=config_text(cfg), task=run.task.name)
         run.last_ckpt_time = time.time()
         run.log.event(f"[train] checkpoint {written} written")
     if signal_flag:
@@ -352,6 +355,8 @@ def _finish(run: _Run, loader) -> dict:
                          run.cfg)
         if run.rank == 0:
             plot_losses(run.run_dir)
+    if run.lock is not None:
+        run.lock.release()  # (a run that fails releases it when it is collected, or when the process ends)
     s = run.state
     summary = {"exit": run.exit_reason, "global_step": s.global_step, "samples_seen": s.samples_seen,
                "nonfinite_skipped": s.nonfinite_skipped, "run_dir": run.run_dir}
@@ -361,14 +366,10 @@ def _finish(run: _Run, loader) -> dict:
 def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dict:
     """Train until ``optim.max_steps`` optimizer steps (or a stop signal). Returns a summary."""
     run = _setup(cfg, task, resume)
-    try:
-        _resume(run)
-        loader = None  # stays None when a resumed run had already finished
-        while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
-            loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
-            if not _train_epoch(run, loader):
-                break
-        return _finish(run, loader)
-    finally:
-        if run.lock is not None:
-            run.lock.release()
+    _resume(run)
+    loader = None  # stays None when a resumed run had already finished
+    while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
+        loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
+        if not _train_epoch(run, loader):
+            break
+    return _finish(run, loader)

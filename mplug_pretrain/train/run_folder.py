@@ -41,6 +41,7 @@ class RunFolderLock:
     """An exclusive ``flock`` on ``<run_dir>/.lock``, held until ``release()`` or the process ends."""
 
     def __init__(self, run_dir: str) -> None:
+        self._fd = None
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, LOCK_FILE)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -69,6 +70,9 @@ class RunFolderLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
+
+    def __del__(self) -> None:
+        self.release()
 
 
 def claim_run_folder(run_dir: str, resume: str | None, overwrite: bool) -> RunFolderLock:

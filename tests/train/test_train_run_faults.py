@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from mplug_pretrain.train import checkpoint as ckpt
 from tests.helpers import REPO_ROOT, call_mplug, read_log, run_mplug, tiny_pretrain_args
 from tests.train.test_train_safe_loading import Payload
+from tests.train.test_train_schedule import reference_lr
 
 pytestmark = pytest.mark.slow
 
@@ -148,6 +149,20 @@ def test_resume_with_another_batch_size_is_refused_before_work(finished, tmp_pat
     assert "run.allow_config_change=[data.batch_size]" in proc.stderr
     assert "[train] step" not in proc.stdout
     assert (run_dir / "config.yaml").read_bytes() == config_before
+
+
+def test_an_allowed_change_applies(finished, tmp_path, demo_shards):
+    """run.allow_config_change accepts a new peak LR and length: the next step's LR follows the new schedule
+    (the optimizer state saved in the checkpoint does not bring back the old peak)."""
+    run_dir, args = _copy(finished, tmp_path, demo_shards, extra=[
+        f"optim.max_steps={STEPS + 1}", "optim.lr_rest=1e-4", "run.allow_config_change=[optim]"])
+    proc = run_mplug(["pretrain", "--nproc", "2", *args, "--resume", "latest"], env=ONE_THREAD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last = read_log(run_dir)[-1]
+    assert last["step"] == STEPS + 1
+    expected = reference_lr(STEPS + 1, 1e-4, 1, STEPS + 1, 1e-5)  # warm-up 1 step, cosine to min_lr 1e-5
+    assert last["lr_rest_decay"] == pytest.approx(expected, rel=1e-9)
+    assert last["lr_vision_decay"] == pytest.approx(reference_lr(STEPS + 1, 3e-4, 1, STEPS + 1, 1e-5), rel=1e-9)
 
 
 def test_resume_of_two_ranks_on_one_is_refused_before_work(finished, tmp_path, demo_shards):

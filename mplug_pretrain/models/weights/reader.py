@@ -53,8 +53,8 @@ def refuse_unsafe(path: str, allowed: Sequence = ()) -> None:
     if bad:
         raise UnsafeFileError(
             f"{path}: refused: loading it would create {', '.join(bad)}, which only arbitrary unpickling can do "
-            "(a file from someone else can run code that way); only tensors, plain containers and "
-            f"{', '.join(_name(a) for a in allowed) or 'nothing else'} are accepted")
+            "(a file from someone else can run code that way); only tensors and plain containers"
+            f"{' (and ' + ', '.join(_name(a) for a in allowed) + ')' if allowed else ''} are accepted")
 
 
 @contextlib.contextmanager
