@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -31,7 +32,13 @@ import numpy as np
 import torch
 
 from mplug_pretrain.errors import DataError
-from mplug_pretrain.models.weights.reader import read_torch_file, refuse_unsafe, weights_only_loads
+from mplug_pretrain.models.weights.reader import (
+    UnsafeFileError,
+    read_torch_file,
+    refuse_unsafe,
+    refused_object,
+    weights_only_loads,
+)
 from mplug_pretrain.utils.atomic_files import atomic_write, write_json_atomic, write_text_atomic
 from mplug_pretrain.utils.process_group import barrier
 
@@ -309,6 +316,8 @@ def load_checkpoint(engine, ckpt_dir: str, tag: str, rank: int) -> TrainerState:
         with weights_only_loads(deepspeed_safe_globals()):  # DeepSpeed's loads pass weights_only=False
             load_path, _ = engine.load_checkpoint(ckpt_dir, tag=tag, load_module_strict=True,
                                                   load_optimizer_states=True, load_lr_scheduler_states=False)
+    except pickle.UnpicklingError as err:  # what the scan could not see (a legacy-format file)
+        raise UnsafeFileError(f"{tag_dir}: refused: {refused_object(err)}") from err
     except RuntimeError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{tag_dir}: cannot be loaded into this run's model and optimizer: {first}") from err

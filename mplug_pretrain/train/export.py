@@ -13,6 +13,7 @@ complete one, as resume does."""
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
 
@@ -21,7 +22,7 @@ import torch
 from mplug_pretrain.config import Config, load_config
 from mplug_pretrain.models.generation_settings import GENERATION_FILE
 from mplug_pretrain.models.preprocessing import write_inference_files
-from mplug_pretrain.models.weights.reader import weights_only_loads
+from mplug_pretrain.models.weights.reader import UnsafeFileError, refused_object, weights_only_loads
 from mplug_pretrain.train.checkpoint import (
     MODEL_CONFIG,
     CheckpointError,
@@ -85,6 +86,8 @@ def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
             if any("optim_states" in f for f in os.listdir(tag_dir)):
                 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
                 state.update(get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag))
+    except pickle.UnpicklingError as err:  # what the scan could not see (a legacy-format file)
+        raise UnsafeFileError(f"{tag_dir}: refused: {refused_object(err)}") from err
     except (EOFError, RuntimeError, ValueError, KeyError) as err:
         raise CheckpointError(f"{tag_dir}: cannot be read (half-written or damaged?): {err}; export another tag "
                               "with --tag") from err

@@ -50,6 +50,15 @@ def test_read_torch_file_refuses_naming_file_and_object(tmp_path):
     assert not (tmp_path / "ran").exists()
 
 
+def test_legacy_format_payload_is_refused_too(tmp_path):
+    """The pre-zip torch format cannot be scanned; the weights-only loader refuses it and names the object."""
+    torch.save({"w": torch.ones(2), "note": Payload(str(tmp_path / "ran"))}, tmp_path / "old.pt",
+               _use_new_zipfile_serialization=False)
+    with pytest.raises(UnsafeFileError, match="old.pt: refused: .*exec"):
+        read_torch_file(str(tmp_path / "old.pt"))
+    assert not (tmp_path / "ran").exists()
+
+
 def test_deepspeed_checkpoint_engine_load_is_forced_weights_only(tmp_path):
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     plant(tmp_path / "mp_rank_00_model_states.pt", tmp_path / "ran")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -44,12 +45,12 @@ def forbidden_objects(path: str, allowed: Sequence = ()) -> list[str]:
 
 
 def refuse_unsafe(path: str, allowed: Sequence = ()) -> None:
-    """Raise UnsafeFileError naming ``path`` and the objects it would need, when it needs any. Files that are
-    not torch zip checkpoints (legacy pickles) are refused too: they cannot be checked."""
+    """Raise UnsafeFileError naming ``path`` and the objects it would need, when it needs any. A file that is not
+    a torch zip checkpoint (the legacy format) cannot be scanned: the weights-only loader alone guards it."""
     try:
         bad = forbidden_objects(path, allowed)
-    except ValueError as err:  # not a torch zip file: a raw pickle, TorchScript
-        raise UnsafeFileError(f"{path}: not a torch.save zip file ({err}); refusing to unpickle it") from err
+    except (ValueError, RuntimeError):  # legacy format, TorchScript, or not a torch file at all
+        return
     if bad:
         raise UnsafeFileError(
             f"{path}: refused: loading it would create {', '.join(bad)}, which only arbitrary unpickling can do "
@@ -83,8 +84,17 @@ def read_torch_file(path: str, allowed: Sequence = (), map_location="cpu"):
     try:
         with weights_only_loads(allowed):
             return torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:  # something the opcode scan cannot see (built on the stack)
-        raise UnsafeFileError(f"{path}: refused by the weights-only loader: {str(err).splitlines()[0]}") from err
+    except pickle.UnpicklingError as err:  # a legacy-format file, or an object the opcode scan cannot see
+        raise UnsafeFileError(f"{path}: refused: {refused_object(err)}") from err
+
+
+def refused_object(err: pickle.UnpicklingError) -> str:
+    """What torch's weights-only unpickler refused, in one line ("it needs builtins.exec ...")."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(err))
+    if found:
+        return f"loading it would create {found.group(1)}, which only arbitrary unpickling can do"
+    return next((line.strip() for line in str(err).splitlines() if "Unsupported" in line),
+                str(err).splitlines()[0] if str(err) else "weights-only load failed")
 
 
 def tied_aliases(module: nn.Module) -> dict[str, str]:
