@@ -24,7 +24,9 @@ HARMLESS = (
     "run.tensorboard", "run.output_dir", "run.name", "run.max_nonfinite_in_row", "run.inject_nonfinite_at_steps",
     "run.cpu_peak_flops", "run.compile", "run.overwrite", "run.allow_config_change", "run.deterministic",
     "distributed.timeout_minutes", "distributed.backend", "model.grad_checkpointing",
-    "init_from",  # the checkpoint holds every weight; a different architecture fails the strict load by name
+    # files that only initialise weights: the checkpoint holds every weight (a different architecture still
+    # differs in model.* sizes, and the strict load names any key that does not fit)
+    "init_from", "model.vision.checkpoint_path", "model.text.bert_checkpoint", "model.decoder.bert_checkpoint",
     "eval", "data.val_shards", "caption.val_shards", "caption.stage_cider", "caption.final_eval",
     "vqa.val_shards", "vqa.submission", "retrieval.val_shards", "snli_ve.val_shards", "nlvr2.val_shards",
 )
