@@ -95,6 +95,10 @@ class RunConfig:
     compile: bool = False  # torch.compile the model (DeepSpeed engine.compile) before training
     allow_random_init: bool = False  # pretrain a base/large model without CLIP/BERT weights on purpose
     cpu_peak_flops: float | None = None  # FLOP/s to compute MFU against on CPU (None: no MFU on CPU)
+    overwrite: bool = False  # replace a previous run in this folder (without it, a run folder is refused unless resumed)
+    # fields a resumed run may change from its checkpoint's config (dotted names or sections, e.g. optim.max_steps);
+    # logging, checkpoint cadence and paths may always change (train/config_change.py)
+    allow_config_change: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -335,6 +339,7 @@ def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
     check_positive(r.max_nonfinite_in_row, "run.max_nonfinite_in_row")
     if not r.name or "/" in r.name or r.name.startswith("."):
         raise ConfigError(f"run.name: expected a plain folder name, got {r.name!r}")
+    _validate_field_names(cfg, r.allow_config_change, "run.allow_config_change")
     if not 0.0 <= cfg.caption.label_smoothing < 1.0:
         raise ConfigError(f"caption.label_smoothing: expected in [0, 1), got {cfg.caption.label_smoothing}")
     check_positive(cfg.caption.scst_samples, "caption.scst_samples")
@@ -380,6 +385,18 @@ def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
                 check_path(value, name)
 
 
+def _validate_field_names(cfg: Config, names: list[str], where: str) -> None:
+    """Every entry names a config field or section (``optim``, ``optim.max_steps``, ``caption.stages``)."""
+    tree = to_dict(cfg)
+    for name in names:
+        node = tree
+        for part in name.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(f"{where}: {name!r} is not a config field (expected a dotted name such as "
+                                  "optim.max_steps or a section such as optim)")
+            node = node[part]
+
+
 def _validate_caption(c: CaptionConfig) -> None:
     check_positive(c.scst_sigma, "caption.scst_sigma")
     c.generation.validate("caption.generation")
@@ -423,9 +440,14 @@ def check_path(spec: str, name: str) -> None:
             raise ConfigError(f"{name}: path does not exist: {url}")
 
 
+def config_text(cfg: Config) -> str:
+    """The resolved config as the YAML text a run folder's config.yaml holds."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
 def save_config(cfg: Config, path: str) -> None:
     with atomic_write(path) as f:
-        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+        f.write(config_text(cfg))
 
 
 def resolve_precision(cfg: Config) -> str:

@@ -61,7 +61,7 @@ def vqa_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool = Fal
     # data.train_shards is not read by VQA, but the generic validation checks that its files exist
     if quick:
         raw = deep_merge(raw, {"optim": {"max_steps": QUICK_STEPS}})
-    raw = deep_merge(raw, {"init_from": pretrained_dir, "run": {"output_dir": run_root, "seed": seed},
+    raw = deep_merge(raw, {"init_from": pretrained_dir, "run": {"output_dir": run_root, "seed": seed, "overwrite": True},
                            "data": {"train_shards": shards["vqa_train"]},
                            "vqa": {"train_shards": shards["vqa_train"], "val_shards": shards["vqa_val"],
                                    "answer_list": shards.get("vqa_answer_list")}})

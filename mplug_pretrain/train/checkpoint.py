@@ -1,17 +1,28 @@
-"""Checkpoints that continue a run as if it never stopped.
+"""Checkpoints that continue a run as if it never stopped, and that are safe to receive from someone else.
 
 Layout: ``<run>/checkpoints/<tag>/`` holds DeepSpeed's files (module incl. momentum encoders and
-queue buffers + pointers, optimizer partitions) and ``trainer_state_rank<R>.pt`` (global step,
-samples seen, data position, LR schedule position, RNG states of python/numpy/torch[/cuda]).
-``<run>/checkpoints/latest`` names the newest COMPLETE tag: it is written after every rank has
-finished writing (barrier), atomically (utils/atomic_files.py), so a write killed half-way
-leaves the previous ``latest`` loadable. The last ``keep_last`` tags are kept.
+queue buffers + pointers, optimizer partitions), ``trainer_state_rank<R>.pt`` (global step,
+samples seen, data position, LR schedule position, RNG states of python/numpy/torch[/cuda]), the run's
+``config.yaml`` and the module's ``model_config.json`` (what ``mplug export`` builds), and, written last,
+``complete.json``: the completeness marker (step, world size, the size of every file of the tag).
+``<run>/checkpoints/latest`` names the newest complete tag: it is written after the marker,
+atomically (utils/atomic_files.py), so a write killed half-way leaves the previous ``latest`` loadable.
+The last ``keep_last`` tags are kept.
 
-Trainer state is saved as plain tensors/lists/dicts and read with ``torch.load(weights_only=True)``.
+Resume (``resolve_resume``) checks the tag against its marker before anything is loaded; a damaged newest
+tag (a file deleted or truncated, the marker missing) is skipped with a warning for the newest complete one.
+A write that fails (disk full) removes the partial tag and names the folder and its free space.
+
+Loading never unpickles arbitrary objects: every ``.pt`` file of a tag is scanned first
+(models/weights/reader.py) and DeepSpeed's own ``torch.load`` calls run with ``weights_only=True`` and an
+allow-list of the few DeepSpeed classes its files hold (``deepspeed_safe_globals``).
 """
 from __future__ import annotations
 
+import errno
+import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -20,11 +31,26 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from mplug_pretrain.utils.atomic_files import atomic_write, write_text_atomic
+from mplug_pretrain.errors import DataError
+from mplug_pretrain.models.weights.reader import (
+    UnsafeFileError,
+    read_torch_file,
+    refuse_unsafe,
+    refused_object,
+    weights_only_loads,
+)
+from mplug_pretrain.utils.atomic_files import atomic_write, write_json_atomic, write_text_atomic
 from mplug_pretrain.utils.process_group import barrier
 
 LATEST = "latest"
+COMPLETE = "complete.json"  # the completeness marker, written last in each tag
+MODEL_CONFIG = "model_config.json"  # the trained module's architecture (export builds it)
+RUN_CONFIG = "config.yaml"  # the run config in effect when the tag was written
 _TAG = re.compile(r"^step(\d+)$")
+
+
+class CheckpointError(DataError):
+    """A checkpoint cannot be written or loaded; the message names the folder or file and what to do."""
 
 
 @dataclass
@@ -41,6 +67,23 @@ class TrainerState:
 
 def tag_for(step: int) -> str:
     return f"step{step:08d}"
+
+
+def deepspeed_safe_globals() -> list:
+    """The classes DeepSpeed (0.19) stores in its checkpoint files besides tensors and plain containers: the
+    loss scaler (a few numbers), the ZeRO stage enum and the parameter-fragment addresses (two ints)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def refuse_unsafe_tag(tag_dir: str) -> None:
+    """Scan every torch file of a tag (DeepSpeed's and ours) before any of them is loaded."""
+    allowed = deepspeed_safe_globals()
+    for name in sorted(os.listdir(tag_dir)):
+        if name.endswith(".pt"):
+            refuse_unsafe(os.path.join(tag_dir, name), allowed)
 
 
 def capture_rng() -> dict:
@@ -66,25 +109,101 @@ def restore_rng(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_last: int) -> str:
-    """Collective: every rank calls it. Returns the tag written."""
+# ----------------------------------------------------------------------------------------------- save
+def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_last: int, world_size: int = 1,
+                    run_config: str | None = None, task: str | None = None) -> str:
+    """Collective: every rank calls it. ``run_config``: the run's config.yaml text, kept in the tag; ``task``:
+    the task's name, kept in the marker. Returns the tag written."""
     tag = tag_for(state.global_step)
-    engine.save_checkpoint(ckpt_dir, tag=tag, save_latest=False)
-    if os.environ.get("MPLUG_TEST_KILL_DURING_SAVE_AT_STEP") == str(state.global_step):
-        os.kill(os.getpid(), 9)  # fault injection for tests: die after the weights, before `latest`
-    payload = {"trainer": asdict(state), "rng": capture_rng()}
-    with atomic_write(os.path.join(ckpt_dir, tag, f"trainer_state_rank{rank}.pt"), "wb") as f:
-        torch.save(payload, f)
+    tag_dir = os.path.join(ckpt_dir, tag)
+    if rank == 0 and os.path.isdir(tag_dir) and tag != read_latest(ckpt_dir):
+        shutil.rmtree(tag_dir)  # left by an attempt killed while saving, or damaged: never mix two writes
+    barrier()
+    try:
+        engine.save_checkpoint(ckpt_dir, tag=tag, save_latest=False)
+        if os.environ.get("MPLUG_TEST_KILL_DURING_SAVE_AT_STEP") == str(state.global_step):
+            os.kill(os.getpid(), 9)  # fault injection for tests: die after the weights, before `latest`
+        payload = {"trainer": asdict(state), "rng": capture_rng()}
+        with atomic_write(os.path.join(tag_dir, f"trainer_state_rank{rank}.pt"), "wb") as f:
+            torch.save(payload, f)
+        if rank == 0:
+            _write_tag_configs(engine, tag_dir, run_config)
+    except (OSError, RuntimeError) as err:
+        raise _write_failed(ckpt_dir, tag, err) from err
     barrier()
     if rank == 0:
+        try:
+            _write_marker(tag_dir, state.global_step, world_size, task)
+        except OSError as err:
+            raise _write_failed(ckpt_dir, tag, err) from err
         _write_latest(ckpt_dir, tag)
         _prune(ckpt_dir, keep_last)
     barrier()
     return tag
 
 
+def _write_tag_configs(engine, tag_dir: str, run_config: str | None) -> None:
+    module_config = getattr(engine.module, "config", None)
+    if module_config is not None:
+        from mplug_pretrain.models.config_io import write_model_config
+        write_model_config(module_config, os.path.join(tag_dir, MODEL_CONFIG))
+    if run_config is not None:
+        write_text_atomic(os.path.join(tag_dir, RUN_CONFIG), run_config)
+
+
+def _tag_files(tag_dir: str) -> dict[str, int]:
+    """Every file of a tag (relative path -> size in bytes), the marker excepted."""
+    out = {}
+    for root, _, names in os.walk(tag_dir):
+        for name in names:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, tag_dir)
+            if rel != COMPLETE and not name.startswith("."):
+                out[rel] = os.path.getsize(path)
+    return out
+
+
+def _write_marker(tag_dir: str, step: int, world_size: int, task: str | None) -> None:
+    write_json_atomic(os.path.join(tag_dir, COMPLETE), {"step": step, "world_size": world_size, "task": task,
+                                                        "files": _tag_files(tag_dir)}, sort_keys=True)
+
+
+def _write_failed(ckpt_dir: str, tag: str, err: BaseException) -> CheckpointError:
+    """Remove the partial tag; an error naming the folder, its free space and whether the disk is full."""
+    tag_dir = os.path.join(ckpt_dir, tag)
+    # torch's zip writer reports a full disk as a short write ("unexpected pos", "file write failed")
+    full = (getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(err)
+            or shutil.disk_usage(ckpt_dir).free < 16 * 2**20)
+    shutil.rmtree(tag_dir, ignore_errors=True)
+    free = shutil.disk_usage(ckpt_dir).free
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    latest = read_latest(ckpt_dir)
+    previous = tag_size(ckpt_dir, latest) if latest else None
+    need = f"; the previous tag {latest} takes {_mb(previous)}" if previous else ""
+    return CheckpointError(
+        f"{ckpt_dir}: writing checkpoint {tag} failed{': the disk is full' if full else ''} ({text}); "
+        f"{_mb(free)} free there{need}. The partial {tag} was removed and `latest` still names "
+        f"{latest or 'no checkpoint'}. Free space (or lower run.keep_last, or move run.output_dir), then "
+        "continue with --resume latest")
+
+
+def _mb(size: int | None) -> str:
+    return f"{(size or 0) / 2**20:.1f} MiB"
+
+
+def tag_size(ckpt_dir: str, tag: str) -> int:
+    return sum(_tag_files(os.path.join(ckpt_dir, tag)).values())
+
+
 def _write_latest(ckpt_dir: str, tag: str) -> None:
     write_text_atomic(os.path.join(ckpt_dir, LATEST), tag)
+
+
+def name_latest(ckpt_dir: str, tag: str) -> None:
+    """Point ``latest`` at ``tag`` (after a resume skipped a damaged newer tag, so that it names a complete one;
+    the damaged tag is then newer than ``latest`` and the next save prunes it)."""
+    if read_latest(ckpt_dir) != tag:
+        _write_latest(ckpt_dir, tag)
 
 
 def read_latest(ckpt_dir: str) -> str | None:
@@ -96,40 +215,118 @@ def read_latest(ckpt_dir: str) -> str | None:
     return tag if tag and os.path.isdir(os.path.join(ckpt_dir, tag)) else None
 
 
+def _steps_and_tags(ckpt_dir: str) -> list[tuple[int, str]]:
+    return sorted((int(m.group(1)), name) for name in os.listdir(ckpt_dir) if (m := _TAG.match(name)))
+
+
 def _prune(ckpt_dir: str, keep_last: int) -> None:
     """Keep the newest ``keep_last`` complete tags; drop older ones and half-written newer ones."""
     latest = read_latest(ckpt_dir)
     latest_step = int(_TAG.match(latest).group(1)) if latest else -1
-    tags = sorted((int(m.group(1)), name) for name in os.listdir(ckpt_dir) if (m := _TAG.match(name)))
+    tags = _steps_and_tags(ckpt_dir)
     complete = [name for step, name in tags if step <= latest_step]
     stale = [name for step, name in tags if step > latest_step]  # an earlier attempt killed while saving
     for name in complete[:-keep_last] + stale:
         shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
 
 
+# ----------------------------------------------------------------------------------------------- resume
+def read_marker(tag_dir: str) -> dict | None:
+    try:
+        with open(os.path.join(tag_dir, COMPLETE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def tag_problem(ckpt_dir: str, tag: str) -> str | None:
+    """Why ``tag`` cannot be loaded (no marker, a file missing or of another size), or None when it is complete.
+    A tag without a marker is trusted only when no older tag has one (it was written before markers existed)."""
+    tag_dir = os.path.join(ckpt_dir, tag)
+    if not os.path.isdir(tag_dir):
+        return "no such folder"
+    marker = read_marker(tag_dir)
+    if marker is None:
+        # a tag written before markers existed is older than every marked one: trusted as it is
+        step = int(_TAG.match(tag).group(1)) if _TAG.match(tag) else None
+        if any(read_marker(os.path.join(ckpt_dir, name)) for other, name in _steps_and_tags(ckpt_dir)
+               if step is None or other < step):
+            return f"no {COMPLETE} (its write never finished)"
+        return None
+    for rel, size in sorted(marker.get("files", {}).items()):
+        path = os.path.join(tag_dir, rel)
+        if not os.path.isfile(path):
+            return f"{rel} is missing"
+        if os.path.getsize(path) != size:
+            return f"{rel} is {os.path.getsize(path)} bytes, {size} when written (truncated or replaced)"
+    return None
+
+
+def saved_world_size(ckpt_dir: str, tag: str) -> int | None:
+    """Ranks that wrote ``tag``: its marker's record, else its trainer_state_rank<R>.pt files."""
+    marker = read_marker(os.path.join(ckpt_dir, tag))
+    if marker and "world_size" in marker:
+        return int(marker["world_size"])
+    ranks = [n for n in os.listdir(os.path.join(ckpt_dir, tag)) if re.match(r"^trainer_state_rank\d+\.pt$", n)]
+    return len(ranks) or None
+
+
+def saved_run_config(ckpt_dir: str, tag: str) -> str | None:
+    """The config a tag was written under: its own copy, else (older tags) the run folder's config.yaml."""
+    for path in (os.path.join(ckpt_dir, tag, RUN_CONFIG), os.path.join(os.path.dirname(ckpt_dir), RUN_CONFIG)):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def resolve_resume(resume: str | None, ckpt_dir: str) -> tuple[str | None, list[str]]:
+    """``latest`` (must exist), ``auto`` (latest if any), a tag name, or None -> (tag to load, warnings).
+    ``latest`` / ``auto`` fall back from a damaged newest tag to the newest complete one, with a warning;
+    a tag named explicitly must be complete."""
+    if resume in (None, "", "none"):
+        return None, []
+    if resume not in ("latest", "auto"):
+        problem = tag_problem(ckpt_dir, resume)
+        if problem:
+            raise CheckpointError(f"{os.path.join(ckpt_dir, resume)}: cannot resume from this tag: {problem}")
+        return resume, []
+    latest = read_latest(ckpt_dir) if os.path.isdir(ckpt_dir) else None
+    if latest is None:
+        if resume == "latest":
+            raise CheckpointError(f"{ckpt_dir}/{LATEST}: no checkpoint to resume from")
+        return None, []
+    latest_step = int(_TAG.match(latest).group(1)) if _TAG.match(latest) else None
+    candidates = [name for step, name in reversed(_steps_and_tags(ckpt_dir))
+                  if latest_step is None or step <= latest_step]
+    if latest not in candidates:
+        candidates.insert(0, latest)
+    warnings = []
+    for tag in candidates:
+        problem = tag_problem(ckpt_dir, tag)
+        if problem is None:
+            return tag, warnings
+        warnings.append(f"[train] warning: checkpoint {tag} is damaged ({problem}); skipping it")
+    raise CheckpointError(f"{ckpt_dir}: no complete checkpoint to resume from ({'; '.join(warnings)})")
+
+
 def load_checkpoint(engine, ckpt_dir: str, tag: str, rank: int) -> TrainerState:
     """Restore module, optimizer and this rank's trainer state + RNG; returns the trainer state."""
-    load_path, _ = engine.load_checkpoint(ckpt_dir, tag=tag, load_module_strict=True,
-                                          load_optimizer_states=True, load_lr_scheduler_states=False)
+    tag_dir = os.path.join(ckpt_dir, tag)
+    refuse_unsafe_tag(tag_dir)
+    try:
+        with weights_only_loads(deepspeed_safe_globals()):  # DeepSpeed's loads pass weights_only=False
+            load_path, _ = engine.load_checkpoint(ckpt_dir, tag=tag, load_module_strict=True,
+                                                  load_optimizer_states=True, load_lr_scheduler_states=False)
+    except pickle.UnpicklingError as err:  # what the scan could not see (a legacy-format file)
+        raise UnsafeFileError(f"{tag_dir}: refused: {refused_object(err)}") from err
+    except RuntimeError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{tag_dir}: cannot be loaded into this run's model and optimizer: {first}") from err
     if load_path is None:
-        raise RuntimeError(f"{os.path.join(ckpt_dir, tag)}: DeepSpeed could not load this checkpoint")
-    path = os.path.join(ckpt_dir, tag, f"trainer_state_rank{rank}.pt")
+        raise CheckpointError(f"{tag_dir}: DeepSpeed could not load this checkpoint")
+    path = os.path.join(tag_dir, f"trainer_state_rank{rank}.pt")
     if not os.path.isfile(path):
-        raise RuntimeError(f"{path}: missing; was the checkpoint written with a different world size?")
-    payload = torch.load(path, weights_only=True)
+        raise CheckpointError(f"{path}: missing; was the checkpoint written with a different world size?")
+    payload = read_torch_file(path)
     restore_rng(payload["rng"])
     return TrainerState(**payload["trainer"])
-
-
-def resolve_resume(resume: str | None, ckpt_dir: str) -> str | None:
-    """``latest`` (must exist), ``auto`` (latest if any), a tag name, or None -> tag to load."""
-    if resume in (None, "", "none"):
-        return None
-    if resume in ("latest", "auto"):
-        tag = read_latest(ckpt_dir)
-        if tag is None and resume == "latest":
-            raise FileNotFoundError(f"{ckpt_dir}/{LATEST}: no checkpoint to resume from")
-        return tag
-    if not os.path.isdir(os.path.join(ckpt_dir, resume)):
-        raise FileNotFoundError(f"{os.path.join(ckpt_dir, resume)}: no such checkpoint tag")
-    return resume

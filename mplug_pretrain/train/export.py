@@ -1,10 +1,20 @@
-"""`mplug export`: consolidate any ZeRO stage's checkpoint into a self-contained model folder:
+"""`mplug export`: consolidate any ZeRO stage's checkpoint of any run kind (pretraining, caption stages incl.
+cached-feature ones, VQA, retrieval, SNLI-VE / NLVR2) into a self-contained model folder:
 ``model.safetensors`` + ``config.json`` (``MPLUG.from_pretrained``, no DeepSpeed), the run's tokenizer files and
-``preprocessing.json`` (``mplug_pretrain.create_model_and_transforms`` needs nothing else), and the caption
-run's ``caption_generation.json`` when its ``model/`` folder has one."""
+``preprocessing.json`` (``mplug_pretrain.create_model_and_transforms`` needs nothing else), and for caption runs
+their decoding settings (``caption_generation.json``).
+
+The architecture is the trained module's own (``model_config.json`` in the tag; a caption run's captioner has no
+momentum encoders and maybe another decoder than its config's preset). The weights are the module's state dict
+(every parameter, frozen ones included, and the buffers) overlaid with the fp32 masters of the ZeRO partitions
+(DeepSpeed's zero_to_fp32). Every file is read without arbitrary unpickling (train/checkpoint.py). A multi-stage
+caption folder exports its last stage that has a checkpoint; a damaged newest tag falls back to the newest
+complete one, as resume does."""
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import shutil
 
 import torch
@@ -13,56 +23,110 @@ from mplug_pretrain.config import Config, load_config
 from mplug_pretrain.models.generation_settings import GENERATION_FILE
 from mplug_pretrain.models.model_card import write_model_card
 from mplug_pretrain.models.preprocessing import write_inference_files
-from mplug_pretrain.train.checkpoint import read_latest
+from mplug_pretrain.models.weights.reader import UnsafeFileError, refused_object, weights_only_loads
+from mplug_pretrain.train.checkpoint import (
+    MODEL_CONFIG,
+    CheckpointError,
+    deepspeed_safe_globals,
+    read_marker,
+    refuse_unsafe_tag,
+    resolve_resume,
+)
+
+_STAGE = re.compile(r"^(\d+)_")
+
+
+def _stage_folder(path: str) -> str | None:
+    """The last stage sub-folder (``<i>_<name>``, highest i) of a multi-stage run that has checkpoints."""
+    stages = sorted((int(m.group(1)), name) for name in os.listdir(path)
+                    if (m := _STAGE.match(name)) and os.path.isdir(os.path.join(path, name, "checkpoints")))
+    return os.path.join(path, stages[-1][1]) if stages else None
 
 
 def _locate(path: str, tag: str | None) -> tuple[str, str, str]:
-    """-> (run_dir, checkpoints dir, tag) from a run folder, its checkpoints/ or a tag folder."""
+    """-> (run_dir, checkpoints dir, tag) from a run folder, a multi-stage run folder, its checkpoints/ or a tag
+    folder."""
     path = os.path.abspath(path)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: no such folder (expected a run folder, its checkpoints/ or a tag folder)")
     if os.path.isdir(os.path.join(path, "checkpoints")):
         run_dir, ckpt_dir = path, os.path.join(path, "checkpoints")
     elif os.path.isfile(os.path.join(path, "latest")) or os.path.basename(path) == "checkpoints":
         ckpt_dir, run_dir = path, os.path.dirname(path)
-    else:
+    elif any(name.endswith("model_states.pt") for name in os.listdir(path)):
         ckpt_dir, run_dir = os.path.dirname(path), os.path.dirname(os.path.dirname(path))
         tag = tag or os.path.basename(path)
-    tag = tag or read_latest(ckpt_dir)
-    if tag is None or not os.path.isdir(os.path.join(ckpt_dir, tag)):
-        raise FileNotFoundError(f"{ckpt_dir}: no checkpoint tag found (latest missing?)")
-    return run_dir, ckpt_dir, tag
+    elif (stage := _stage_folder(path)) is not None:
+        print(f"[export] {path} is a multi-stage run: exporting its last stage, {os.path.basename(stage)} "
+              "(name another stage's folder to export that one)", flush=True)
+        run_dir, ckpt_dir = stage, os.path.join(stage, "checkpoints")
+    elif os.path.isfile(os.path.join(path, "model.safetensors")):
+        raise CheckpointError(f"{path}: already a model folder (config.json + model.safetensors): use it as it is")
+    else:
+        raise CheckpointError(f"{path}: not a run folder (no checkpoints/, no stage folders with checkpoints)")
+    chosen, warnings = resolve_resume(tag or "latest", ckpt_dir)
+    for warning in warnings:
+        print(warning.replace("[train]", "[export]"), flush=True)
+    return run_dir, ckpt_dir, chosen
 
 
 def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
-    """fp32 weights, frozen momentum copies and buffers (queues, pointers) from the ZeRO partitions
-    (stage 1-3, DeepSpeed's zero_to_fp32) or from the plain module file (stage 0)."""
+    """fp32 weights, frozen parameters and buffers (queues, pointers): the module's state dict overlaid with the
+    fp32 masters of the ZeRO partitions (stage 1-3, DeepSpeed's zero_to_fp32); stage 0 has no partitions and its
+    module holds the masters."""
     tag_dir = os.path.join(ckpt_dir, tag)
-    if any("optim_states" in f for f in os.listdir(tag_dir)):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-        state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag)
-    else:
-        # DeepSpeed's own file, written by this user's run; it holds non-tensor objects too
-        files = [f for f in os.listdir(tag_dir) if f.endswith("model_states.pt")]
-        if not files:
-            raise FileNotFoundError(f"{tag_dir}: no DeepSpeed model_states file")
-        state = torch.load(os.path.join(tag_dir, min(files)), map_location="cpu", weights_only=False)["module"]
+    refuse_unsafe_tag(tag_dir)
+    files = sorted(f for f in os.listdir(tag_dir) if f.endswith("model_states.pt"))
+    if not files:
+        raise CheckpointError(f"{tag_dir}: no DeepSpeed model_states file")
+    try:
+        with weights_only_loads(deepspeed_safe_globals()):  # zero_to_fp32 passes weights_only=False itself
+            module = torch.load(os.path.join(tag_dir, files[0]), map_location="cpu", weights_only=True)["module"]
+            # ZeRO-3 leaves empty placeholders where a parameter is partitioned
+            state = {k: v for k, v in module.items() if v.numel() > 0}
+            if any("optim_states" in f for f in os.listdir(tag_dir)):
+                from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+                state.update(get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag))
+    except pickle.UnpicklingError as err:  # what the scan could not see (a legacy-format file)
+        raise UnsafeFileError(f"{tag_dir}: refused: {refused_object(err)}") from err
+    except (EOFError, RuntimeError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{tag_dir}: cannot be read (half-written or damaged?): {err}; export another tag "
+                              "with --tag") from err
     return {k: v.detach().float().clone() if v.is_floating_point() else v.detach().clone() for k, v in state.items()}
 
 
-def export_checkpoint(checkpoint: str, out: str, tag: str | None = None) -> str:
+def _model(run_dir: str, tag_dir: str, cfg: Config):
+    """The trained module's architecture: the tag's model_config.json, else (tags written before it existed) a
+    finished run's model/config.json, else the run config's model section."""
+    from mplug_pretrain.models.config_io import read_model_config
     from mplug_pretrain.models.mplug import MPLUG
+    for path in (os.path.join(tag_dir, MODEL_CONFIG), os.path.join(run_dir, "model", "config.json")):
+        if os.path.isfile(path):
+            return MPLUG(read_model_config(path)), path
+    return MPLUG(cfg.model), os.path.join(run_dir, "config.yaml")
+
+
+def export_checkpoint(checkpoint: str, out: str, tag: str | None = None) -> str:
     run_dir, ckpt_dir, tag = _locate(checkpoint, tag)
-    cfg = load_config(os.path.join(run_dir, "config.yaml"), check_paths=False)
-    model = MPLUG(cfg.model)
+    tag_dir = os.path.join(ckpt_dir, tag)
+    config_path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(config_path):
+        raise CheckpointError(f"{config_path}: missing; export needs the run folder the checkpoint belongs to")
+    cfg = load_config(config_path, check_paths=False)
+    model, source = _model(run_dir, tag_dir, cfg)
     state = consolidated_state_dict(ckpt_dir, tag)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or missing:
-        raise RuntimeError(f"{ckpt_dir}/{tag}: checkpoint does not match the run's model config: "
-                           f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise CheckpointError(f"{tag_dir}: the weights do not fit the architecture of {source}: missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}; a finished run's model/ folder is a "
+                              "model folder already")
     model.save_pretrained(out)
     complete_model_folder(out, cfg)
     generation = os.path.join(run_dir, "model", GENERATION_FILE)
     if os.path.isfile(generation) and os.path.abspath(out) != os.path.dirname(generation):
         shutil.copy(generation, os.path.join(out, GENERATION_FILE))
+    elif str((read_marker(tag_dir) or {}).get("task", "")).startswith("caption"):
+        cfg.caption.generation.save(out)  # the prompt the captioner was trained with
     return out
 
 

@@ -27,13 +27,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mplug_pretrain.config import Config, save_config
+from mplug_pretrain.config import Config, config_text, save_config
 from mplug_pretrain.data.decode_stats import DecodeStats, sum_over_ranks
 from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.train.checkpoint import TrainerState, load_checkpoint, resolve_resume, save_checkpoint
+from mplug_pretrain.train import checkpoint as ckpt
+from mplug_pretrain.train.checkpoint import TrainerState
+from mplug_pretrain.train.config_change import check_resume_config
 from mplug_pretrain.train.distributed import init_distributed
 from mplug_pretrain.train.engine import after_optimizer_step, build_engine, engine_precision, save_final_model
 from mplug_pretrain.train.flops import current_peak_flops, mfu
+from mplug_pretrain.train.run_folder import RunFolderLock, claim_run_folder
 from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, reporters, truncate_log
 from mplug_pretrain.train.schedule import apply_lr
 from mplug_pretrain.train.signals import PREEMPTED_MARKER, StopRequest
@@ -150,6 +153,9 @@ class _Run:
     losses_accum: dict = field(default_factory=dict)  # key -> float64 device tensor
     micro: int = 0
     flops_per_sample: float | None = None  # of the last micro-batch
+    resume_tag: str | None = None  # the checkpoint this run continues
+    resume_warnings: list = field(default_factory=list)  # damaged newer tags skipped
+    lock: RunFolderLock | None = None  # rank 0's hold on the run folder
 
     @property
     def samples_per_step(self) -> int:
@@ -164,15 +170,32 @@ def bare_run(cfg: Config, task: TrainTask, engine, optimizer, rank: int = 0, wor
     return run
 
 
-def _setup(cfg: Config, task: TrainTask) -> _Run:
-    """Distributed init, run folder (config, world.json, stale preemption marker removed), seeds, engine."""
+def _setup(cfg: Config, task: TrainTask, resume: str | None) -> _Run:
+    """Distributed init; the run folder claimed (refused when it holds another run, locked); the checkpoint to
+    resume chosen and the config compared with its own, all before the model is built; seeds, engine."""
     info = init_distributed(cfg.distributed.backend, cfg.distributed.timeout_minutes)
+    lock = claim_run_folder(cfg.run_dir, resume, cfg.run.overwrite) if info.rank == 0 else None
+    try:
+        return _prepare(cfg, task, resume, info, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _prepare(cfg: Config, task: TrainTask, resume: str | None, info, lock: RunFolderLock | None) -> _Run:
+    """The rest of ``_setup``, once the run folder is this run's."""
     rank, world = info.rank, info.world_size
     run_dir = cfg.run_dir
     ckpt_dir = os.path.join(run_dir, "checkpoints")
+    tag, warnings = ckpt.resolve_resume(resume, ckpt_dir)
+    if tag is not None:
+        check_resume_config(cfg, ckpt_dir, tag, world)
+        ckpt.refuse_unsafe_tag(os.path.join(ckpt_dir, tag))  # a copied run folder may hold a pickle that runs code
     if rank == 0:
+        for warning in warnings:
+            print(warning, flush=True)
         os.makedirs(ckpt_dir, exist_ok=True)
-        save_config(cfg, os.path.join(run_dir, "config.yaml"))
         marker = os.path.join(run_dir, PREEMPTED_MARKER)
         if os.path.exists(marker):
             os.remove(marker)
@@ -189,24 +212,33 @@ def _setup(cfg: Config, task: TrainTask) -> _Run:
     bf16 = engine_precision(engine) == "bf16"
     peak = current_peak_flops(engine.device, cfg.run.cpu_peak_flops) if (bf16 or not on_gpu) else None
     return _Run(cfg=cfg, task=task, rank=rank, world=world, run_dir=run_dir, ckpt_dir=ckpt_dir, engine=engine,
-                optimizer=optimizer, device=engine.device, float_dtype=float_dtype, peak_flops=peak)
+                optimizer=optimizer, device=engine.device, float_dtype=float_dtype, peak_flops=peak,
+                resume_tag=tag, resume_warnings=warnings, lock=lock)
 
 
-def _resume(run: _Run, resume: str | None) -> None:
-    """Load the checkpoint ``resume`` names (if any), drop log records after it, open the log."""
-    cfg = run.cfg
-    tag = resolve_resume(resume, run.ckpt_dir)
+def _resume(run: _Run) -> None:
+    """Load the chosen checkpoint (if any), then write config.yaml (only now: a refused or failed load leaves
+    the folder as it was), drop log records after the checkpoint, open the log."""
+    cfg, tag = run.cfg, run.resume_tag
     if tag is not None:
-        run.state = load_checkpoint(run.engine, run.ckpt_dir, tag, run.rank)
-        if run.rank == 0:
+        settings = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
+        run.state = ckpt.load_checkpoint(run.engine, run.ckpt_dir, tag, run.rank)
+        for group, own in zip(run.optimizer.param_groups, settings):
+            group.update(own)  # this config's peak lrs, decay, betas: a change run.allow_config_change accepted applies
+    if run.rank == 0:
+        save_config(cfg, os.path.join(run.run_dir, "config.yaml"))
+        if tag is not None:
             truncate_log(run.run_dir, run.state.global_step)
+            if run.resume_warnings:
+                ckpt.name_latest(run.ckpt_dir, tag)  # a damaged newer tag was skipped: `latest` names a complete one
     run.stop = StopRequest().install()
     run.log = RunLog(run.run_dir, cfg.optim.max_steps, enabled=run.rank == 0, **reporters(cfg),
                      print_every=cfg.run.log_every, initial_step=run.state.global_step)
     if tag is not None:
         s = run.state
+        fallback = f" (the newer tag(s) were damaged: {len(run.resume_warnings)} skipped)" if run.resume_warnings else ""
         run.log.event(f"[train] resumed from {tag}: step {s.global_step}, samples {s.samples_seen}, "
-                      f"epoch {s.epoch} batch {s.batch_in_epoch}")
+                      f"epoch {s.epoch} batch {s.batch_in_epoch}{fallback}")
     run.nan_steps = set(cfg.run.inject_nonfinite_at_steps)
     run.last_ckpt_time = time.time()
 
@@ -289,7 +321,8 @@ def _maybe_checkpoint(run: _Run) -> bool:
                                             run.device)
     finished = state.global_step >= cfg.optim.max_steps
     if signal_flag or time_flag or finished or state.global_step % cfg.run.checkpoint_every_steps == 0:
-        written = save_checkpoint(run.engine, run.ckpt_dir, state, run.rank, cfg.run.keep_last)
+        written = ckpt.save_checkpoint(run.engine, run.ckpt_dir, state, run.rank, cfg.run.keep_last, run.world,
+                                       run_config=config_text(cfg), task=run.task.name)
         run.last_ckpt_time = time.time()
         run.log.event(f"[train] checkpoint {written} written")
     if signal_flag:
@@ -354,6 +387,8 @@ def _finish(run: _Run, loader) -> dict:
                          run.cfg)
         if run.rank == 0:
             plot_losses(run.run_dir)
+    if run.lock is not None:
+        run.lock.release()  # (a run that fails releases it when it is collected, or when the process ends)
     s = run.state
     summary = {"exit": run.exit_reason, "global_step": s.global_step, "samples_seen": s.samples_seen,
                "nonfinite_skipped": s.nonfinite_skipped, "data": data_counts, "run_dir": run.run_dir}
@@ -362,8 +397,8 @@ def _finish(run: _Run, loader) -> dict:
 
 def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dict:
     """Train until ``optim.max_steps`` optimizer steps (or a stop signal). Returns a summary."""
-    run = _setup(cfg, task)
-    _resume(run, resume)
+    run = _setup(cfg, task, resume)
+    _resume(run)
     loader = None  # stays None when a resumed run had already finished
     while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
         loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))

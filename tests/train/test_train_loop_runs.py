@@ -64,6 +64,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resume_continues(tmp_path, demo_sh
 
     resumed = run_mplug(["pretrain", *args[:-4], "run.checkpoint_every_steps=1", "run.keep_last=2",
                          "run.log_every=1", "distributed.zero_stage=2", f"optim.max_steps={stopped + 2}",
+                         "run.allow_config_change=[optim.max_steps]",
                          "--resume", "latest"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {latest}" in resumed.stdout + resumed.stderr
