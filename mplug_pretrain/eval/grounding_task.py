@@ -11,6 +11,7 @@ folder, score, write files.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 
 import torch
@@ -100,6 +101,12 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, out: str, checkpoin
 def run(cfg: Config, checkpoint: str, out: str | None = None) -> dict:
     """`mplug eval grounding --checkpoint DIR`."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
+    from mplug_pretrain.models.config_io import CONFIG_FILE, read_model_config
+    config_file = os.path.join(checkpoint, CONFIG_FILE)
+    trained = read_model_config(config_file).vision.image_size if os.path.isfile(config_file) else None
+    if cfg.eval.image_size is not None and trained is not None and cfg.eval.image_size != trained:
+        raise ConfigError(f"eval.image_size={cfg.eval.image_size}: the model writes boxes in {trained} coordinate bins "
+                          f"(its fine-tuning resolution); evaluate grounding at {trained} (leave eval.image_size unset)")
     model = load_eval_model(cfg, checkpoint)
     return evaluate_model(model, cfg, load_tokenizer(cfg.data.tokenizer), metrics_path(cfg, "grounding", out),
                           checkpoint=checkpoint)

@@ -8,7 +8,10 @@ import math
 import pytest
 import torch
 
+from mplug_pretrain.config import config_from_dict
 from mplug_pretrain.data.tokenizer import load_tokenizer
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.eval import grounding_task
 from mplug_pretrain.models.grounding import CoordinateTokens, teacher_forced_logits
 from mplug_pretrain.models.presets import build_model
 from mplug_pretrain.train.grounding_task import grounding_loss
@@ -62,3 +65,11 @@ def test_a_batch_of_fillers_gives_zero_and_gradients_reach_the_decoder(case):
     model.zero_grad()
     grounding_loss(model, batch, tokens, "none").backward()
     assert model.decoder.parameters().__next__().grad is not None
+
+
+def test_eval_refuses_a_resolution_other_than_the_coordinate_bins(case, tmp_path):
+    model, _, _ = case
+    model.save_pretrained(str(tmp_path / "model"))
+    cfg = config_from_dict({"eval": {"image_size": 64}, "grounding": {"val_shards": "unused-{000000..000001}.tar"}})
+    with pytest.raises(ConfigError, match="32 coordinate bins"):
+        grounding_task.run(cfg, str(tmp_path / "model"), out=str(tmp_path / "metrics.json"))
