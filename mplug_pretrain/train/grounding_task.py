@@ -3,9 +3,9 @@
 
     batch: images [B, 3, S, S], expression ids / mask [B, T], boxes [B, 4] (normalised xywh)
     CE_bt   = cross-entropy of coordinate token t of row b (softmax over the S+1 coordinate tokens, teacher forced)
-    l1_weighting (official):  w_bt = min(|pred_bt - box_bt|, 5) * (1 - GIoU(pred_b, box_b)), no gradient, pred the
-                   teacher-forced argmax box;  none:  w_bt = 1
-    L       = mean over real rows b and t of w_bt * CE_bt   (fillers -1 excluded; a batch of fillers gives 0)
+    l1_giou (official):  w_bt = min(|pred_bt - box_bt|, 5) * (1 - GIoU(pred_b, box_b)), no gradient, pred the
+              teacher-forced argmax box;  none:  w_bt = 1
+    L       = mean over real rows b and t of w_bt * CE_bt   (is_pad fillers excluded; a batch of fillers gives 0)
 From ``init_from`` (a pretrained or converted model folder); the pretraining heads take no part and are frozen,
 ``grounding.freeze`` may freeze encoders and fusion too. The shared loop (train/loop.py) trains; rank 0 then
 evaluates <run_dir>/model on ``grounding.val_shards`` (eval/grounding_task.py) into <run_dir>/metrics.json.
