@@ -1,11 +1,9 @@
 """Visual grounding end to end on synthetic scenes: `mplug make-shards grounding --synthetic`, `mplug finetune
-grounding`, then `mplug eval grounding`, through the CLI: the run ends at its step count, the fine-tuned folder is
-evaluated by both, and every figure (Acc@0.5, mean IoU, the centred-box baseline) is recomputed from the
-predictions file with an IoU written out here.
-
-Not yet shown: that the tiny model learns to locate the shape. Measured with STEPS = 300 (batch 32, lr 1e-3,
-grounding.loss_weighting=none, 32 px; 26 min on the shared busy CPUs): held-out Acc@0.5 12.3 % against 19.7 % for
-the centred box, the model writing nearly one box ([11, 0, 10, 10] in pixels) for every expression."""
+grounding`, then `mplug eval grounding`, through the CLI. The tiny model must locate the referred shape: held-out
+Acc@0.5 at least MARGIN points above a constant centred box of the mean gold size (computed here, on the same
+examples); every figure is recomputed from the predictions file with an IoU written out here.
+Measured: 33.7 % Acc@0.5 against 19.7 % for the centred box (2.5 min on 2 quiet cores); at lr 1e-3 the model
+collapses to nearly one box (12.3 % after 300 steps)."""
 from __future__ import annotations
 
 import json
@@ -16,8 +14,10 @@ import pytest
 from tests.helpers import REPO_ROOT, call_mplug, read_log, run_mplug
 
 CONFIG = os.path.join(REPO_ROOT, "configs", "pretrain_tiny.yaml")
-STEPS = 20  # 32 px, batch 32, lr 1e-3, plain cross-entropy (grounding.loss_weighting=none); the official
-# L1 x (1 - GIoU) re-weighting is checked against a hand computation in test_grounding_loss.py
+STEPS = 600  # 32 px, batch 32, lr 3e-4 (1e-3 collapses to one box), plain cross-entropy
+# (grounding.loss_weighting=none); the official L1 x (1 - GIoU) re-weighting is checked against a hand computation
+# in test_grounding_loss.py
+MARGIN = 10.0  # Acc@0.5 points above the centred box
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,7 @@ def run(tmp_path_factory) -> dict:
               "eval.batch_size=100", f"grounding.val_shards={shards}/val-000000.tar"]
     trained = run_mplug(["finetune", "grounding", "--config", CONFIG, *common,
                          f"grounding.train_shards={shards}/train-{{000000..000001}}.tar", f"optim.max_steps={STEPS}",
-                         "optim.warmup_steps=10", "optim.lr_rest=1e-3", "optim.lr_vision=1e-3", "data.batch_size=32",
+                         "optim.warmup_steps=10", "optim.lr_rest=3e-4", "optim.lr_vision=3e-4", "data.batch_size=32",
                          "grounding.loss_weighting=none",
                          "run.log_every=10", f"run.output_dir={root}", "run.name=grounding"], timeout=3000)
     assert trained.returncode == 0, trained.stderr[-3000:]
@@ -71,5 +71,6 @@ def test_finetune_then_eval_write_consistent_box_metrics(run):
     assert evaluated["centre_box_acc@0.5"] == pytest.approx(centre)
     assert final["acc@0.5"] == evaluated["acc@0.5"]  # the same folder and shards: the same boxes
     assert evaluated["coordinate_bins"] == 32
+    assert accuracy >= centre + MARGIN, (accuracy, centre)
     # every prediction is a box of the 32-bin grid
     assert all(abs(c * 32 - round(c * 32)) < 1e-5 for p in predictions for c in p["prediction"])
