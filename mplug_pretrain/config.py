@@ -187,6 +187,17 @@ class ClassificationTaskConfig:
 
 
 @dataclass
+class GroundingConfig:
+    """`mplug finetune grounding` (train/grounding_task.py) and `mplug eval grounding` (eval/grounding_task.py): the
+    decoder generates the box as 4 coordinate tokens (models/grounding.py); steps are optim.max_steps."""
+    train_shards: str | None = None  # `make-shards grounding` shards
+    val_shards: str | None = None  # Acc@0.5 after fine-tuning and by `mplug eval grounding`
+    image_size: int | None = None  # fine-tuning resolution = coordinate bins (ViT positions resized)
+    loss_weighting: Literal["l1_giou", "none"] = "l1_giou"  # official: token CE x L1 (clamped to 5) x (1 - GIoU)
+    freeze: list[str] = field(default_factory=list)  # image_encoder | text_encoder | fusion, kept frozen
+
+
+@dataclass
 class EvalConfig:
     """`mplug eval retrieval|video-retrieval|video-qa|video-caption`. Input: ``shards`` (our shards), or
     ``annotations`` (the data set's own file) with its files under ``image_root`` / ``video_root``."""
@@ -229,6 +240,7 @@ class Config:
     retrieval: RetrievalFinetuneConfig = field(default_factory=RetrievalFinetuneConfig)
     snli_ve: ClassificationTaskConfig = field(default_factory=ClassificationTaskConfig)
     nlvr2: ClassificationTaskConfig = field(default_factory=ClassificationTaskConfig)
+    grounding: GroundingConfig = field(default_factory=GroundingConfig)
     init_from: str | None = None  # a pretrained model folder (save_pretrained / mplug export)
 
     @property
@@ -369,7 +381,7 @@ def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
         raise ConfigError(f"vqa.freeze: unknown part {unknown[0]!r} (known: {', '.join(VQA_FREEZABLE)})")
     if cfg.vqa.image_size is not None:
         check_positive(cfg.vqa.image_size, "vqa.image_size")
-    for section in ("snli_ve", "nlvr2"):
+    for section in ("snli_ve", "nlvr2", "grounding"):
         _validate_classification(getattr(cfg, section), section)
     if cfg.retrieval.image_size is not None:
         check_positive(cfg.retrieval.image_size, "retrieval.image_size")

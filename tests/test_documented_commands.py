@@ -174,10 +174,17 @@ def workspace(tmp_path_factory):
         f.write(json.dumps({"identifier": "train-10-0-0", "sentence": "Two photos.", "label": "True"}) + "\n")
     from tests.data.test_img2dataset_layout import write_img2dataset_folder
     write_img2dataset_folder(str(root / "laion_shards"), [3, 2])  # README, img2dataset shards
+    # RefCOCO: the refer toolkit's refs (as JSON) and COCO instances over the train2014 images above
+    _write_json(str(root / "refcoco" / "instances.json"), {
+        "images": [{"id": 1, "file_name": "COCO_train2014_000000000001.jpg", "width": 64, "height": 48}],
+        "annotations": [{"id": 5, "image_id": 1, "bbox": [4, 6, 20, 30], "category_id": 1}]})
+    _write_json(str(root / "refcoco" / "refs.json"), [
+        {"ref_id": 0, "ann_id": 5, "image_id": 1, "split": split, "sentences": [{"sent": "the left thing"}]}
+        for split in ("train", "val", "testA", "testB")])
     torch.manual_seed(0)
     model = build_model("tiny")
     for folder in (MODEL_FOLDER, "runs/pretrain_base/model", "runs/demo/pretrain/model", "runs/pretrain_a/model",
-                   "runs/pretrain_b/model", "runs/snli_ve_base/model"):
+                   "runs/pretrain_b/model", "runs/snli_ve_base/model", "runs/grounding_refcoco/model"):
         model.save_pretrained(str(root / folder))
     cwd = os.getcwd()
     os.chdir(root)

@@ -35,12 +35,18 @@ def _finetune_retrieval():
     return retrieval_task
 
 
+def _finetune_grounding():
+    from mplug_pretrain.train import grounding_task
+    return grounding_task
+
+
 FINETUNE_TASKS = {  # `mplug finetune <task>`
     "caption": _finetune_caption,
     "vqa": _finetune_vqa,
     "retrieval": _finetune_retrieval,
     "snli-ve": _finetune_classification("snli-ve"),
     "nlvr2": _finetune_classification("nlvr2"),
+    "grounding": _finetune_grounding,
 }
 
 
@@ -81,11 +87,17 @@ def _eval_classification(task: str):
     return load
 
 
+def _eval_grounding():
+    from mplug_pretrain.eval import grounding_task
+    return grounding_task
+
+
 EVAL_TASKS = {  # `mplug eval <task>`
     "caption": _eval_caption,
     "vqa": _eval_vqa,
     "snli-ve": _eval_classification("snli-ve"),
     "nlvr2": _eval_classification("nlvr2"),
+    "grounding": _eval_grounding,
     "retrieval": _eval_retrieval,
     "video-retrieval": _eval_video_retrieval,
     "video-qa": _eval_video_qa,

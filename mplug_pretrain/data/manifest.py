@@ -21,7 +21,7 @@ from mplug_pretrain.utils.atomic_files import write_json_atomic
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "mplug_pretrain.shards/1"
-KINDS = ("image-text", "vqa", "video", "classification")
+KINDS = ("image-text", "vqa", "video", "classification", "grounding")
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext rule
 
 

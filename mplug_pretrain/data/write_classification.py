@@ -25,7 +25,7 @@ from mplug_pretrain.data.synthetic_statements import (
     nlvr2_statement,
     snli_ve_hypothesis,
 )
-from mplug_pretrain.data.write_common import IMAGE_EXTS, load_records, read_image_file
+from mplug_pretrain.data.write_common import index_images_by_name, load_records, read_image_file
 from mplug_pretrain.errors import DataError
 
 TASK_LABELS = {"snli-ve": SNLI_VE_LABELS, "nlvr2": NLVR2_LABELS}
@@ -88,16 +88,6 @@ def _label(value, task: str, where: str) -> str:
     return label
 
 
-def _index_files(image_root: str) -> dict[str, str]:
-    """{file name: path} of every image under image_root (NLVR2 keeps its images in numbered subfolders)."""
-    index = {}
-    for root, _, files in os.walk(image_root):
-        for fname in files:
-            if os.path.splitext(fname)[1].lower() in IMAGE_EXTS:
-                index.setdefault(fname, os.path.join(root, fname))
-    return index
-
-
 def _image(path_or_name: str, image_root: str, index: dict[str, str], where: str, max_side: int | None):
     path = os.path.join(image_root, path_or_name)
     if not os.path.isfile(path):
@@ -112,7 +102,7 @@ def _write_annotated(task: str, annotations: str, image_root: str, out: str, nam
     """One sample per record: ``make_sample(record, where, read_image)`` -> sample fields, or None to skip it;
     ``read_image(name)`` -> (bytes, ext) of an image found under ``image_root``."""
     records = read_records(annotations)
-    index = _index_files(image_root)
+    index = index_images_by_name(image_root)
     description = f"make-shards {task} --annotations {annotations} --image-root {image_root}"
     with _writer(out, name, task, description, **sizes) as writer:
         for i, record in enumerate(records):

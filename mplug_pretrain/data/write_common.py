@@ -61,6 +61,17 @@ def index_images_by_id(folder: str) -> dict[int, str]:
     return index
 
 
+def index_images_by_name(image_root: str) -> dict[str, str]:
+    """{file name: path} of every image under image_root, the first found for a repeated name (NLVR2 keeps its
+    images in numbered subfolders; RefCOCO names COCO train2014 files)."""
+    index: dict[str, str] = {}
+    for root, _, files in os.walk(image_root):
+        for fname in files:
+            if os.path.splitext(fname)[1].lower() in IMAGE_EXTS:
+                index.setdefault(fname, os.path.join(root, fname))
+    return index
+
+
 def load_json(path: str):
     try:
         with open(path) as f:

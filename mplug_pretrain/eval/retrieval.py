@@ -9,7 +9,9 @@ Two-stage protocol of mPLUG ยง5.2.3 (after ALBEF), used zero-shot for video in ย
      the final score is itm_ij ("itm": ALBEF, mPLUG image retrieval) or itm_ij + s_ij ("itm+itc":
      BLIP/LAVIS, mPLUG video retrieval). Candidates outside a query's top-k never count as retrieved.
   ``score="itc"`` skips stage 2 and ranks by s_ij alone. Stage 2 fuses every pair some query asks for
-  exactly once (a pair in an image's and a text's top-k is shared), ``batch_size`` pairs per forward.
+  exactly once (a pair in an image's and a text's top-k is shared), ``batch_size`` pairs per forward; in a
+  process group of R ranks each rank fuses 1/R of those pairs and the scores are all-gathered
+  (``score_pairs_across_ranks``), so R ranks give the one-process figures in about 1/R of the time.
 Recall@K (R@1/5/10, both directions, pessimistic ties) comes from ``eval.retrieval_metrics``.
 Memory: every visual item's states stay on the model's device ([N, L, D]; COCO 5k at ViT-B/16 is
 about 4 GB in fp32), as in the reference implementations, so the re-ranking never re-encodes images.
@@ -102,15 +104,43 @@ def score_pairs(model, visual: VisualBank, text: TextBank, visual_index: np.ndar
     return torch.cat(scores).cpu().numpy() if scores else np.zeros(0)
 
 
-def precomputed_itm(model, visual: VisualBank, text: TextBank, itc: np.ndarray, k: int, batch_size: int):
+def score_pairs_across_ranks(model, visual: VisualBank, text: TextBank, visual_index: np.ndarray,
+                             text_index: np.ndarray, batch_size: int) -> np.ndarray:
+    """``score_pairs`` with the work split over the ranks of the process group (as the official retrieval
+    evaluation splits its re-ranking): every rank holds the same banks and pair list, scores one contiguous
+    slice of the pairs, and the slices are all-gathered in order, so every rank returns all P scores (equal to
+    one process's). One process: ``score_pairs`` itself."""
+    from mplug_pretrain.utils.process_group import rank, world_size
+    ranks = world_size()
+    if ranks == 1:
+        return score_pairs(model, visual, text, visual_index, text_index, batch_size)
+    import torch.distributed as dist
+    bounds = np.linspace(0, len(visual_index), ranks + 1).astype(np.int64)
+    lo, hi = bounds[rank()], bounds[rank() + 1]
+    mine = torch.as_tensor(score_pairs(model, visual, text, visual_index[lo:hi], text_index[lo:hi], batch_size),
+                           dtype=torch.float64)
+    device = visual.states.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    longest = int(np.diff(bounds).max())
+    padded = torch.zeros(longest, dtype=torch.float64, device=device)
+    padded[:hi - lo] = mine.to(device)
+    slices = [torch.zeros_like(padded) for _ in range(ranks)]
+    dist.all_gather(slices, padded)
+    return torch.cat([part[:n] for part, n in zip(slices, np.diff(bounds).tolist())]).cpu().numpy()
+
+
+def precomputed_itm(model, visual: VisualBank, text: TextBank, itc: np.ndarray, k: int, batch_size: int,
+                    across_ranks: bool = False):
     """``itm_score(visual_indices, text_indices) -> [P]`` for ``retrieval_metrics.rerank_topk``, answered from
     scores computed up front: every pair re-ranking will ask for (each query's top-k, chosen by the same
-    stable argsort) is scored once, in large batches; a pair in an image's and a text's top-k is shared."""
+    stable argsort) is scored once, in large batches; a pair in an image's and a text's top-k is shared.
+    ``across_ranks``: every rank of the process group calls this with the same banks, and each scores its share
+    (``score_pairs_across_ranks``); else this process scores all (also when other ranks are idle)."""
     num_visual, num_text = itc.shape
     wanted = [np.argsort(-itc[i], kind="stable")[:k] + i * num_text for i in range(num_visual)]
     wanted += [np.argsort(-itc[:, j], kind="stable")[:k] * num_text + j for j in range(num_text)]
     keys = np.unique(np.concatenate(wanted))
-    scores = score_pairs(model, visual, text, keys // num_text, keys % num_text, batch_size)
+    score = score_pairs_across_ranks if across_ranks else score_pairs
+    scores = score(model, visual, text, keys // num_text, keys % num_text, batch_size)
 
     def itm_score(visual_index: np.ndarray, text_index: np.ndarray) -> np.ndarray:
         visual_index = np.asarray(visual_index, dtype=np.int64)
@@ -119,7 +149,7 @@ def precomputed_itm(model, visual: VisualBank, text: TextBank, itc: np.ndarray, 
         at = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
         found = keys[at] == query
         out = scores[at].copy()
-        if not found.all():  # not expected (same selection rule); scored directly rather than guessed
+        if not found.all():  # not expected (same selection rule); scored directly (by this rank) rather than guessed
             missing = ~found
             out[missing] = score_pairs(model, visual, text, visual_index[missing], text_index[missing],
                                        batch_size)
@@ -133,7 +163,7 @@ def itc_similarity(visual: VisualBank, text: TextBank) -> np.ndarray:
 
 
 def score_matrices(model, visual: VisualBank, text: TextBank, k: int, score: RerankScore,
-                   batch_size: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   batch_size: int = 64, across_ranks: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(itc [Nv, Nt], visual->text scores, text->visual scores), the last two after re-ranking
     (both equal ``itc`` when ``score == "itc"``)."""
     if score not in RERANK_SCORES:
@@ -141,19 +171,21 @@ def score_matrices(model, visual: VisualBank, text: TextBank, k: int, score: Rer
     itc = itc_similarity(visual, text)
     if score == "itc":
         return itc, itc, itc
-    v2t, t2v = rerank_topk(itc, k, precomputed_itm(model, visual, text, itc, k, batch_size), score=score)
+    v2t, t2v = rerank_topk(itc, k, precomputed_itm(model, visual, text, itc, k, batch_size, across_ranks),
+                           score=score)
     return itc, v2t, t2v
 
 
 def evaluate_retrieval(model, visual: VisualBank, text: TextBank, text_to_visual: Sequence[int], k: int,
-                       score: RerankScore, batch_size: int = 64, visual_name: str = "img") -> dict:
+                       score: RerankScore, batch_size: int = 64, visual_name: str = "img",
+                       across_ranks: bool = False) -> dict:
     """Recall@1/5/10 both ways. Keys: ``txt_r1`` .. (visual -> text), ``{visual_name}_r1`` .. (text ->
     visual), ``r_mean``; re-ranked metrics at the top level, the ITC-only ones under ``"itc"``, the
-    expected values of a random ranking under ``"chance"``."""
+    expected values of a random ranking under ``"chance"``. ``across_ranks``: see ``precomputed_itm``."""
     if visual.features.shape[0] != max(text_to_visual, default=-1) + 1:
         raise ValueError(f"text_to_visual names {max(text_to_visual, default=-1) + 1} visual items, "
                          f"the bank holds {visual.features.shape[0]}")
-    itc, v2t, t2v = score_matrices(model, visual, text, k, score, batch_size)
+    itc, v2t, t2v = score_matrices(model, visual, text, k, score, batch_size, across_ranks)
 
     def rename(recalls: dict) -> dict:
         return {key.replace("img_", f"{visual_name}_"): value for key, value in recalls.items()}

@@ -5,7 +5,9 @@ Scores are [N_img, N_txt] (higher = more similar); ``text_to_image[j]`` is the o
 - ``txt_r@K`` (image -> text retrieval): an image is a hit when its best-ranked ground-truth text
   is among its top K texts;
 - ``img_r@K`` (text -> image retrieval): a text is a hit when its image is among its top K images.
-Recalls are percentages; ``r_mean`` averages the six of R@1/5/10.
+Recalls are percentages; ``r_mean`` averages the six of R@1/5/10. ``*_medr`` / ``*_meanr``: the median / mean
+1-based rank of the ground truth (MedR / MeanR, lower is better; a ground truth outside a re-ranked top-k ranks
+after every candidate scored above it).
 
 Ties are counted pessimistically: the ground truth ranks after every other candidate with an equal
 score (rank = #{other candidates with score >= ground-truth score}, 0-based). A constant scorer
@@ -65,7 +67,8 @@ def text_to_image_ranks(scores: np.ndarray, text_to_image: Sequence[int] | np.nd
 
 def retrieval_recall(i2t_scores: np.ndarray, text_to_image: Sequence[int] | np.ndarray,
                      t2i_scores: np.ndarray | None = None, ks: Sequence[int] = (1, 5, 10)) -> dict[str, float]:
-    """{"txt_r1", "txt_r5", "txt_r10", "txt_r_mean", "img_r1", ..., "img_r_mean", "r_mean"} in %.
+    """{"txt_r1", "txt_r5", "txt_r10", "txt_r_mean", "img_r1", ..., "img_r_mean", "r_mean"} in %, and
+    {"txt_medr", "txt_meanr", "img_medr", "img_meanr"} (ranks).
 
     ``t2i_scores`` (same [N_img, N_txt] layout) defaults to ``i2t_scores``; they differ after
     re-ranking, which scores each direction's own top-k.
@@ -78,6 +81,8 @@ def retrieval_recall(i2t_scores: np.ndarray, text_to_image: Sequence[int] | np.n
             out[f"{prefix}_r{k}"] = 100.0 * float(np.mean(ranks < k))
         out[f"{prefix}_r_mean"] = float(np.mean([out[f"{prefix}_r{k}"] for k in ks]))
     out["r_mean"] = (out["txt_r_mean"] + out["img_r_mean"]) / 2
+    for prefix, ranks in (("txt", txt_ranks), ("img", img_ranks)):  # 1-based ranks of the ground truth
+        out[f"{prefix}_medr"], out[f"{prefix}_meanr"] = float(np.median(ranks + 1)), float(np.mean(ranks + 1))
     return out
 
 

@@ -9,7 +9,9 @@ Input (``cfg.eval``), one of:
 Protocol (``eval/retrieval.py``): ITC similarity of all pairs, each query's ITC top-``k_test`` re-scored by
 ITM (``rerank_score``: itm | itm+itc | itc = no re-ranking). Unreadable images are skipped and counted.
 Metrics JSON: task, checkpoint, num_images, num_texts, images_skipped, txt_r1/5/10 (image -> text),
-img_r1/5/10 (text -> image), the means, ``itc`` (the same before re-ranking), rerank_score, k_test.
+img_r1/5/10 (text -> image), the means, MedR / MeanR, ``itc`` (the same before re-ranking), rerank_score, k_test,
+ranks (processes that shared the re-ranking: run under ``torchrun --nproc_per_node N -m mplug_pretrain eval
+retrieval ...``, each rank re-ranks 1/N of the pairs; the figures equal one process's).
 """
 from __future__ import annotations
 
@@ -91,8 +93,8 @@ def _file_batches(cfg, image_size: int, skipped: SkipReport) -> ImageBatches:
 def _shard_batches(cfg, image_size: int, skipped: SkipReport) -> ImageBatches:
     from mplug_pretrain.data.loader_spec import LoaderSpec
     from mplug_pretrain.data.pipeline import build_caption_eval_loader
-    loader = build_caption_eval_loader(LoaderSpec.evaluation(cfg.eval.shards, cfg.eval.batch_size, cfg.eval.num_workers),
-                                       image_size=image_size)
+    spec = LoaderSpec.evaluation(cfg.eval.shards, cfg.eval.batch_size, cfg.eval.num_workers, rank=0, world_size=1)
+    loader = build_caption_eval_loader(spec, image_size=image_size)  # every rank embeds every image
     for batch in loader:
         keep = ~batch["is_pad"]
         if bool(keep.any()):
@@ -101,8 +103,9 @@ def _shard_batches(cfg, image_size: int, skipped: SkipReport) -> ImageBatches:
 
 
 # ----------------------------------------------------------------------------- the task
-def evaluate(cfg, model) -> dict:
-    """Retrieval metrics of ``model`` on the image-text set ``cfg.eval`` names (module docstring)."""
+def evaluate(cfg, model, across_ranks: bool = False) -> dict:
+    """Retrieval metrics of ``model`` on the image-text set ``cfg.eval`` names (module docstring).
+    ``across_ranks``: every rank of the process group calls this and re-ranks its share of the pairs."""
     e = cfg.eval
     if (e.shards is None) == (e.annotations is None):
         raise ConfigError("eval.shards / eval.annotations: set exactly one (the image-text set to evaluate)")
@@ -126,13 +129,31 @@ def evaluate(cfg, model) -> dict:
         log.info("retrieval: %d images, %d texts encoded; re-ranking (%s, k=%d)", len(captions), len(texts),
                  e.rerank_score, e.k_test)
         recalls = evaluate_retrieval(model, visual, text, text_to_image, e.k_test, e.rerank_score,
-                                     e.batch_size)
+                                     e.batch_size, across_ranks=across_ranks)
     return {"task": "retrieval", "num_images": len(captions), "num_texts": len(texts),
             **skipped.as_dict("images"), **recalls}
 
 
+def join_launched_group() -> None:
+    """Under a launcher that started several processes (torchrun / srun: WORLD_SIZE > 1 in the environment), join
+    their process group (nccl on GPUs, each rank on its LOCAL_RANK device; gloo on CPUs) unless one exists."""
+    import torch.distributed as dist
+    if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+
 def run(cfg, checkpoint: str, out: str | None = None) -> dict:
-    """``mplug eval retrieval --config FILE --checkpoint DIR [--out FILE]`` -> metrics (also written)."""
-    metrics = {**evaluate(cfg, load_eval_model(cfg, checkpoint)), "checkpoint": checkpoint}
-    write_metrics(metrics_path(cfg, "retrieval", out), metrics)
+    """``mplug eval retrieval --config FILE --checkpoint DIR [--out FILE]`` -> metrics (also written).
+    Under torchrun every rank embeds the whole set and re-ranks its share of the pairs (eval/retrieval.py);
+    rank 0 writes the metrics."""
+    from mplug_pretrain.utils.process_group import barrier, rank, world_size
+    join_launched_group()
+    metrics = {**evaluate(cfg, load_eval_model(cfg, checkpoint), across_ranks=True), "checkpoint": checkpoint,
+               "ranks": world_size()}
+    if rank() == 0:
+        write_metrics(metrics_path(cfg, "retrieval", out), metrics)
+    barrier()
     return metrics

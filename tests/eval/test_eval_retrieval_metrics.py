@@ -32,6 +32,12 @@ def brute_recall(scores, text_to_image, ks=(1, 5, 10)):
             out[f"{name}_r{k}"] = 100.0 * np.mean(ranks < k)
         out[f"{name}_r_mean"] = np.mean([out[f"{name}_r{k}"] for k in ks])
     out["r_mean"] = (out["txt_r_mean"] + out["img_r_mean"]) / 2
+    for name, ranks in (("txt", txt), ("img", img)):  # MedR / MeanR: 1-based position in the sorted candidates
+        positions = sorted(int(r) + 1 for r in ranks)
+        middle = len(positions) // 2
+        out[f"{name}_medr"] = (positions[middle] if len(positions) % 2
+                               else (positions[middle - 1] + positions[middle]) / 2)
+        out[f"{name}_meanr"] = sum(positions) / len(positions)
     return out
 
 

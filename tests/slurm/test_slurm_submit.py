@@ -21,7 +21,8 @@ def test_pretrain_runs_the_cli_with_resume_and_verbatim_overrides(
     tmp_path, submit_config, capsys, fake_slurm, argv_recorder
 ):
     config = submit_config
-    overrides = [f"data.tokenizer=$(touch {tmp_path / 'pwned'})", "optim.lr_rest=5e-5"]
+    # a free-text field (paths such as data.tokenizer are checked before submitting): quoted, never run
+    overrides = [f"run.wandb_project=$(touch {tmp_path / 'pwned'})", "optim.lr_rest=5e-5"]
     script = _dry_run(
         capsys,
         [

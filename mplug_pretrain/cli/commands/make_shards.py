@@ -1,4 +1,4 @@
-"""``mplug make-shards synthetic|coco|csv|vqa|snli-ve|nlvr2|video ... --out DIR``: argument parsing only; each
+"""``mplug make-shards synthetic|coco|csv|vqa|snli-ve|nlvr2|grounding|video ... --out DIR``: argument parsing only; each
 sub-command calls one ``write_*`` function and prints what it wrote."""
 from __future__ import annotations
 
@@ -76,6 +76,22 @@ def run_classification(args) -> int:
     return _report(args, entry)
 
 
+def run_grounding(args) -> int:
+    """``make-shards grounding``: --synthetic scenes, or RefCOCO-family annotations + --images."""
+    from mplug_pretrain.data import write_grounding as w
+    if args.synthetic:
+        entry = w.write_synthetic_grounding(args.out, num=args.num, seed=args.seed, image_size=args.image_size,
+                                            name=args.name, **_sizes(args))
+    else:
+        if not args.images or not (args.annotations or (args.refs and args.instances)):
+            raise ConfigError("make-shards grounding: --images and --annotations (or --refs + --instances) are "
+                              "required (or --synthetic)")
+        entry = w.write_grounding(args.images, args.out, annotations=args.annotations, refs=args.refs,
+                                  instances=args.instances, split=args.split, name=args.name,
+                                  max_side=args.max_image_side, skip_missing=args.skip_missing, **_sizes(args))
+    return _report(args, entry)
+
+
 def run_coco(args) -> int:
     from mplug_pretrain.data.write_coco import write_coco_shards
     return _report(args, write_coco_shards(args.annotations, args.images, args.out, split=args.split, layout=args.layout,
@@ -118,7 +134,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("make-shards", help="write WebDataset tar shards + manifest.json",
                                    description="Write WebDataset shards (NAME-%06d.tar) and a manifest.json with "
                                                "per-shard sample counts.")
-    kinds = parser.add_subparsers(dest="source", required=True, metavar="synthetic|coco|csv|vqa|snli-ve|nlvr2|video")
+    kinds = parser.add_subparsers(dest="source", required=True, metavar="synthetic|coco|csv|vqa|snli-ve|nlvr2|grounding|video")
 
     p = kinds.add_parser("synthetic", help="procedural shapes (images) or moving shapes (mp4 videos)")
     _common(p, "synthetic")
@@ -179,6 +195,23 @@ def register(subparsers) -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--image-size", type=int, default=64)
         p.set_defaults(func=run_classification)
+
+    p = kinds.add_parser("grounding", help="RefCOCO / RefCOCO+ / RefCOCOg (refer refs + COCO instances, or "
+                                           "records with boxes), or --synthetic scenes")
+    _common(p, "grounding")
+    _real_data(p)
+    p.add_argument("--refs", default=None, help="the refer toolkit's refs: JSON, or refs(unc).p (read as builtin "
+                                                "data only: no class is ever unpickled)")
+    p.add_argument("--instances", default=None, help="its COCO instances.json (image files, annotation boxes)")
+    p.add_argument("--split", default=None, help="with --refs: the refs' split(s), e.g. val or testA,testB")
+    p.add_argument("--annotations", default=None, help="records: {image, text, bbox [x,y,w,h]} or ALBEF's "
+                                                       "{image, text, ref_id} (with --refs and --instances)")
+    p.add_argument("--images", default=None, help="image root (COCO train2014; files found by name below it)")
+    p.add_argument("--synthetic", action="store_true", help="referring expressions about synthetic scenes instead")
+    p.add_argument("--num", type=int, default=1000, help="--synthetic: examples")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image-size", type=int, default=64)
+    p.set_defaults(func=run_grounding)
 
     p = kinds.add_parser("video", help="folder of videos + captions/QA JSON (raw file bytes)")
     _common(p, "video")

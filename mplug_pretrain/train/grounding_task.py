@@ -1,0 +1,105 @@
+"""`mplug finetune grounding`: the decoder generates the referred object's box as 4 coordinate tokens
+(models/grounding.py), as the official mPLUG grounding code does.
+
+    batch: images [B, 3, S, S], expression ids / mask [B, T], boxes [B, 4] (normalised xywh)
+    CE_bt   = cross-entropy of coordinate token t of row b (softmax over the S+1 coordinate tokens, teacher forced)
+    l1_giou (official):  w_bt = min(|pred_bt - box_bt|, 5) * (1 - GIoU(pred_b, box_b)), no gradient, pred the
+              teacher-forced argmax box;  none:  w_bt = 1
+    L       = mean over real rows b and t of w_bt * CE_bt   (is_pad fillers excluded; a batch of fillers gives 0)
+From ``init_from`` (a pretrained or converted model folder); the pretraining heads take no part and are frozen,
+``grounding.freeze`` may freeze encoders and fusion too. The shared loop (train/loop.py) trains; rank 0 then
+evaluates <run_dir>/model on ``grounding.val_shards`` (eval/grounding_task.py) into <run_dir>/metrics.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mplug_pretrain.config import Config
+from mplug_pretrain.data.loader_spec import LoaderSpec
+from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.eval.box_metrics import paired_giou, xywh_to_xyxy
+from mplug_pretrain.models.grounding import CoordinateTokens, teacher_forced_logits
+from mplug_pretrain.train.checkpoint import TrainerState
+from mplug_pretrain.train.finetune_image_size import finetune_image_size
+from mplug_pretrain.train.loop import TrainTask, run_training
+from mplug_pretrain.train.vqa_task import freeze_parts, freeze_pretraining_heads
+
+L1_CLAMP = 5.0  # the official code clamps the L1 weight to [0, 5]
+
+
+def grounding_loss(model: nn.Module, batch: dict, tokens: CoordinateTokens, weighting: str = "l1_giou") -> torch.Tensor:
+    """The module docstring's L for one batch."""
+    images, boxes = batch["images"], batch["boxes"].to(batch["images"].device).float()
+    logits = teacher_forced_logits(model, images, batch["input_ids"], batch["attention_mask"], boxes, tokens)
+    targets = tokens.encode(boxes) - tokens.first_id
+    ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(targets)
+    if weighting == "l1_giou":
+        with torch.no_grad():
+            predicted = tokens.decode(logits.argmax(-1) + tokens.first_id)
+            l1 = (predicted - boxes).abs().clamp(0, L1_CLAMP)
+            giou = paired_giou(xywh_to_xyxy(predicted), xywh_to_xyxy(boxes))
+        ce = ce * l1 * (1 - giou)[:, None]
+    elif weighting != "none":
+        raise ConfigError(f"grounding.loss_weighting: {weighting!r} not in l1_giou | none")
+    real = ~batch["is_pad"].to(ce.device) if "is_pad" in batch else torch.ones(len(ce), dtype=torch.bool,
+                                                                                 device=ce.device)
+    return (ce.mean(1) * real).sum() / real.sum().clamp_min(1)
+
+
+def build_model(cfg: Config) -> nn.Module:
+    from mplug_pretrain.models.mplug import MPLUG
+    g = cfg.grounding
+    if cfg.init_from:
+        model = MPLUG.from_pretrained(cfg.init_from, image_size=g.image_size)
+    else:
+        if g.image_size is not None and g.image_size != cfg.model.vision.image_size:
+            raise ConfigError("grounding.image_size: only re-targets a pretrained model (init_from); without one "
+                              "set model.vision.image_size")
+        model = MPLUG(cfg.model)
+    return freeze_parts(freeze_pretraining_heads(model), g.freeze)
+
+
+def run(cfg: Config, resume: str | None = None) -> dict:
+    """Fine-tune, then evaluate the final model on grounding.val_shards (if set) -> {"summary", "metrics"}."""
+    from mplug_pretrain.data.tokenizer import load_tokenizer
+    from mplug_pretrain.eval.grounding_task import grounding_loader
+    g = cfg.grounding
+    if not g.train_shards:
+        raise ConfigError("grounding.train_shards: required by `mplug finetune grounding` "
+                          "(`mplug make-shards grounding` writes them)")
+    tokenizer = load_tokenizer(cfg.data.tokenizer)
+    size = finetune_image_size(cfg, g.image_size)
+    tokens = CoordinateTokens.from_tokenizer(tokenizer, size)  # one bin per pixel of the training resolution
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train_shards=g.train_shards,
+                                                            train_weights=None))
+
+    def make_loader(cfg: Config, loader_spec: LoaderSpec):
+        return grounding_loader(cfg, tokenizer, size, loader_spec)
+
+    def losses(engine, batch: dict, state: TrainerState) -> dict:
+        return {"loss": grounding_loss(engine.module, batch, tokens, g.loss_weighting)}
+
+    summary = run_training(cfg, TrainTask(name="grounding", build_model=build_model, make_loader=make_loader,
+                                          losses=losses), resume=resume)["summary"]
+    metrics: dict = {}
+    if summary["exit"] == "finished" and g.val_shards:
+        metrics = _evaluate_final_model(cfg, tokenizer)
+    return {"summary": summary, "metrics": metrics}
+
+
+def _evaluate_final_model(cfg: Config, tokenizer) -> dict:
+    from mplug_pretrain.eval.grounding_task import evaluate_model
+    from mplug_pretrain.models.mplug import MPLUG
+    from mplug_pretrain.utils.process_group import barrier, rank
+    metrics: dict = {}
+    if rank() == 0:
+        model_dir = os.path.join(cfg.run_dir, "model")
+        metrics = evaluate_model(MPLUG.from_pretrained(model_dir), cfg, tokenizer,
+                                 os.path.join(cfg.run_dir, "metrics.json"), checkpoint=model_dir)
+    barrier()
+    return metrics
