@@ -29,6 +29,7 @@ from mplug_pretrain.eval.common import (
     real_rows,
     write_metrics,
 )
+from mplug_pretrain.eval.inputs import require_inputs
 from mplug_pretrain.models.grounding import CoordinateTokens, predict_boxes
 
 IOU_THRESHOLD = 0.5
@@ -78,8 +79,7 @@ def score(records: list[dict]) -> dict:
 
 def evaluate_model(model: nn.Module, cfg: Config, tokenizer, out: str, checkpoint: str | None = None) -> dict:
     from mplug_pretrain.data.loader_spec import LoaderSpec
-    if not cfg.grounding.val_shards:
-        raise ConfigError("grounding.val_shards: the examples to locate are required by `mplug eval grounding`")
+    require_inputs("grounding", cfg)
     device = eval_device()
     model = model.to(device).eval()
     size = model.config.vision.image_size

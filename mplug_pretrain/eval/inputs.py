@@ -46,12 +46,19 @@ def _classification(section: str, task: str):
     return check
 
 
+def _grounding(cfg) -> str | None:
+    if not cfg.grounding.val_shards:
+        return "grounding.val_shards: the examples to locate are required by `mplug eval grounding`"
+    return None
+
+
 CONFIG_CHECKS = {
     "caption": _caption,
     "vqa": _vqa,
     "retrieval": _image_text_set,
     "snli-ve": _classification("snli_ve", "snli-ve"),
     "nlvr2": _classification("nlvr2", "nlvr2"),
+    "grounding": _grounding,
     "video-retrieval": _videos,
     "video-qa": _videos,
     "video-caption": _videos,
