@@ -371,9 +371,11 @@ def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
     if e.shards is not None and e.annotations is not None:
         raise ConfigError("eval.shards / eval.annotations: both set; evaluate one input (set the other to null)")
     if check_paths:
-        for name in ("shards", "annotations", "image_root", "video_root", "video_mapping", "answer_list"):
+        if e.shards is not None:
+            check_path(e.shards, "eval.shards")
+        for name in ("annotations", "image_root", "video_root", "video_mapping", "answer_list"):
             if getattr(e, name) is not None:
-                check_path(getattr(e, name), f"eval.{name}")
+                check_exists(getattr(e, name), f"eval.{name}")
     check_positive(cfg.vqa.rank_k, "vqa.rank_k")
     cfg.vqa.generation.validate("vqa.generation")
     unknown = [name for name in cfg.vqa.freeze if name not in VQA_FREEZABLE]
@@ -386,15 +388,16 @@ def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
     if cfg.retrieval.image_size is not None:
         check_positive(cfg.retrieval.image_size, "retrieval.image_size")
     _validate_caption(cfg.caption)
-    if check_paths:
-        training = (("data.train_shards", d.train_shards), ("distributed.template", dist.template),
-                    ("init_from", cfg.init_from), ("caption.train_shards", cfg.caption.train_shards),
-                    ("caption.coco_json", cfg.caption.coco_json), ("vqa.train_shards", cfg.vqa.train_shards))
-        evaluation = (("data.val_shards", d.val_shards), ("caption.val_shards", cfg.caption.val_shards),
-                      ("vqa.val_shards", cfg.vqa.val_shards), ("vqa.answer_list", cfg.vqa.answer_list))
-        for name, value in (evaluation if check_paths == "eval" else training + evaluation):
+    if check_paths:  # (field, value, shards?): shard specs may be folders or globs of .tar, the rest plain paths
+        training = (("data.train_shards", d.train_shards, True), ("distributed.template", dist.template, False),
+                    ("init_from", cfg.init_from, False), ("caption.train_shards", cfg.caption.train_shards, True),
+                    ("caption.coco_json", cfg.caption.coco_json, False),
+                    ("vqa.train_shards", cfg.vqa.train_shards, True))
+        evaluation = (("data.val_shards", d.val_shards, True), ("caption.val_shards", cfg.caption.val_shards, True),
+                      ("vqa.val_shards", cfg.vqa.val_shards, True), ("vqa.answer_list", cfg.vqa.answer_list, False))
+        for name, value, shards in (evaluation if check_paths == "eval" else training + evaluation):
             if value is not None:
-                check_path(value, name)
+                (check_path if shards else check_exists)(value, name)
 
 
 def _validate_field_names(cfg: Config, names: list[str], where: str) -> None:
@@ -450,6 +453,12 @@ def check_path(spec: str, name: str) -> None:
             continue
         if not os.path.exists(url) and not glob.glob(url):
             raise ConfigError(f"{name}: path does not exist: {url}")
+
+
+def check_exists(path: str, name: str) -> None:
+    """A plain file or folder (an annotation file, an image root, a model folder) must exist."""
+    if path.strip() and "://" not in path and not os.path.exists(path):
+        raise ConfigError(f"{name}: path does not exist: {path}")
 
 
 def config_text(cfg: Config) -> str:

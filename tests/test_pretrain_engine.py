@@ -179,7 +179,7 @@ def test_bf16_resume_keeps_fp32_momentum_encoders_and_queues(tmp_path, demo_shar
     proc = run_mplug(["pretrain", *tiny_pretrain_args(tmp_path, demo_shards, "resumed", steps=2, extra=common)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = run_mplug(["pretrain", *tiny_pretrain_args(tmp_path, demo_shards, "resumed", steps=4, extra=common),
-                      "--resume", "latest"])
+                      "run.allow_config_change=[optim.max_steps]", "--resume", "latest"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "resumed from step00000002" in proc.stdout
     straight, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")

@@ -13,9 +13,9 @@ One pretraining sample with text length T runs (models/mplug.py ``forward``):
   momentum ViT + momentum text encoder, forward only                             (ITC targets)
   ITC projections and similarities against B + queue columns (+ distillation targets)
   ITM: fusion over ``itm_rows`` pairs (1 positive + 2 hard negatives) + a 2-way head
-  MLM: text encoder on the masked text, fusion, LM head at the masked positions
+  MLM: text encoder on the masked text, fusion, LM head at every position (the loss reads the masked ones)
   PrefixLM: text encoder + fusion on the prefix, decoder on the target with cross-attention to
-            [image; prefix], LM head at every target position
+            [image; prefix], LM head at every target position (prefix and target padded to T)
 """
 from __future__ import annotations
 
@@ -42,14 +42,15 @@ class TextShapes:
     text_len: int  # T: padded caption length ([CLS] .. [SEP])
     prefix_len: int  # PrefixLM prefix length ([CLS] c_1..c_k [SEP])
     target_len: int  # PrefixLM decoder length ([CLS] c_k+1..c_n [SEP])
-    mlm_tokens: float  # masked positions per sample
+    mlm_tokens: float  # positions the MLM head runs on per sample
     itm_rows: float = 3.0  # fused pairs per sample: positive + hard negative text + hard negative image
 
     @classmethod
     def typical(cls, text_len: int, mlm_probability: float = 0.15) -> TextShapes:
-        caption = max(text_len - 2, 1)
-        return cls(text_len=text_len, prefix_len=caption // 2 + 2, target_len=caption - caption // 2 + 2,
-                   mlm_tokens=mlm_probability * caption)
+        """The shapes a pretraining step executes: the sync-free forward (models/heads) runs the MLM head on every
+        position and pads the drawn PrefixLM prefix and target to T, so all four are T (``mlm_probability`` no
+        longer changes the work; kept for callers)."""
+        return cls(text_len=text_len, prefix_len=text_len, target_len=text_len, mlm_tokens=text_len)
 
 
 @dataclass
