@@ -7,6 +7,15 @@ Library use (no training code is imported)::
 
 Attributes are imported lazily, so ``import mplug_pretrain`` stays light.
 """
+import os
+import sys
+
+if "torch" not in sys.modules:
+    # OpenMP's default active waiting makes torch's CPU threads spin against any other busy process: on a
+    # shared 2-core machine one competing process made a 2-thread tiny training step 17x slower, passive
+    # waiting 1.0x (README, "CPU threads"). It is read once, when torch loads; a user's setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from mplug_pretrain.compat import ensure_torchvision_importable
 
 ensure_torchvision_importable()

@@ -145,6 +145,11 @@ def _bench_attention_peer():
     return attention_peer
 
 
+def _bench_cpu_threads():
+    from mplug_pretrain.bench import cpu_threads
+    return cpu_threads
+
+
 def _bench_vision_tower():
     from mplug_pretrain.bench import vision_tower
     return vision_tower
@@ -160,6 +165,7 @@ BENCHES = {  # `mplug bench <name>`
     "data-peer": _bench_data_peer,
     "attention-peer": _bench_attention_peer,
     "vision-tower": _bench_vision_tower,
+    "cpu-threads": _bench_cpu_threads,
 }
 
 

@@ -27,6 +27,7 @@ def caption_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool =
     from mplug_pretrain.train.caption_task import run
     cfg = load_config(DEMO_CONFIG, [f"init_from={pretrained_dir}", f"caption.train_shards={shards['caption_train']}",
                                     f"caption.val_shards={shards['caption_val']}", f"run.output_dir={run_root}",
+                                    f"data.tokenizer={shards['tokenizer']}",
                                     "run.name=caption", f"run.seed={seed}", "run.overwrite=true", *overrides])
     if quick:
         cfg.caption.stages = [dataclasses.replace(s, steps=QUICK_STEPS.get(s.name, s.steps)) for s in cfg.caption.stages]

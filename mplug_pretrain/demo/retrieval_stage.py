@@ -39,7 +39,8 @@ def retrieval_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool
     ``run_root`` and ``quick`` are unused."""
     from mplug_pretrain.eval import retrieval_task
     from mplug_pretrain.eval.common import load_eval_model
-    cfg = config_from_dict({"eval": {"shards": shards["pretrain_val"], **IMAGE_SETTINGS}})
+    cfg = config_from_dict({"data": {"tokenizer": shards["tokenizer"]},
+                            "eval": {"shards": shards["pretrain_val"], **IMAGE_SETTINGS}})
     metrics = retrieval_task.evaluate(cfg, load_eval_model(cfg, pretrained_dir))
     return _summary("retrieval", metrics, "img")
 
@@ -48,7 +49,8 @@ def video_retrieval_demo(pretrained_dir: str, shards: dict, run_root: str, quick
     """-> {"video_retrieval_r1", "video_retrieval_chance" (both %), "videos_skipped", detailed recalls}."""
     from mplug_pretrain.eval import video_retrieval_task
     from mplug_pretrain.eval.common import load_eval_model
-    cfg = config_from_dict({"eval": {"shards": shards["video"], **VIDEO_SETTINGS}})
+    cfg = config_from_dict({"data": {"tokenizer": shards["tokenizer"]},
+                            "eval": {"shards": shards["video"], **VIDEO_SETTINGS}})
     metrics = video_retrieval_task.evaluate(cfg, load_eval_model(cfg, pretrained_dir))
     return {**_summary("video_retrieval", metrics, "vid"), "videos_skipped": metrics["videos_skipped"],
             "video_retrieval_num_frames": metrics["num_frames"]}

@@ -18,6 +18,7 @@ from mplug_pretrain.config import load_config
 from mplug_pretrain.demo.caption_stage import caption_demo
 from mplug_pretrain.demo.report import write_report
 from mplug_pretrain.demo.retrieval_stage import retrieval_demo, video_retrieval_demo
+from mplug_pretrain.demo.vocab import vocab_size
 from mplug_pretrain.demo.vqa_stage import vqa_demo
 from mplug_pretrain.utils.atomic_files import write_json_atomic
 from mplug_pretrain.utils.resources import config_file
@@ -55,6 +56,8 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     shards = ensure_demo_shards(shards_root)
     _print_shard_summary(shards)
     cfg = load_config(DEMO_CONFIG, [f"data.train_shards={shards['pretrain_train']}", f"run.output_dir={out_root}",
+                                    f"data.tokenizer={shards['tokenizer']}",
+                                    f"model.text.vocab_size={vocab_size(shards['tokenizer'])}",
                                     "run.name=pretrain", *(QUICK_PRETRAIN if quick else []),
                                     *(overrides or [])])
     if os.path.isdir(cfg.run_dir):

@@ -62,7 +62,7 @@ def vqa_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool = Fal
     if quick:
         raw = deep_merge(raw, {"optim": {"max_steps": QUICK_STEPS}})
     raw = deep_merge(raw, {"init_from": pretrained_dir, "run": {"output_dir": run_root, "seed": seed, "overwrite": True},
-                           "data": {"train_shards": shards["vqa_train"]},
+                           "data": {"train_shards": shards["vqa_train"], "tokenizer": shards["tokenizer"]},
                            "vqa": {"train_shards": shards["vqa_train"], "val_shards": shards["vqa_val"],
                                    "answer_list": shards.get("vqa_answer_list")}})
     cfg = config_from_dict(raw)

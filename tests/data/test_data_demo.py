@@ -46,3 +46,22 @@ def test_dataloader_bench_quick(demo, tmp_path, monkeypatch):
     assert [row["workers"] for row in result["rows"]] == [1, 2]
     for row in result["rows"]:
         assert row["samples"] == 12 * 32 and row["samples_per_s"] == pytest.approx(row["samples"] / row["seconds"])
+
+
+def test_demo_vocabulary_keeps_bert_special_ids_and_every_demo_text(demo):
+    """Every demo text tokenizes to the same words under the demo vocabulary as under BERT's, without [UNK],
+    and the ids the decoders hard-code ([PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103) are BERT's."""
+    from mplug_pretrain.data.tokenizer import load_tokenizer
+    from mplug_pretrain.data.urls import all_shards
+    from mplug_pretrain.demo.vocab import shard_texts, vocab_size
+    _, paths = demo
+    small, bert = load_tokenizer(paths["tokenizer"]), load_tokenizer()
+    for name in ("pad", "unk", "cls", "sep", "mask"):
+        assert getattr(small, f"{name}_token_id") == getattr(bert, f"{name}_token_id"), name
+    assert vocab_size(paths["tokenizer"]) == len(small.get_vocab()) < 400
+    urls = [u for key in ("pretrain_val", "vqa_val", "video") for u in all_shards(expand_sources(paths[key]))]
+    texts = sorted(set(shard_texts(urls)))[:2000] + ["a picture of", "Zebras, 3 of them!"]
+    ids = small(texts)["input_ids"]
+    assert all(small.unk_token_id not in row for row in ids)
+    assert small.batch_decode(ids, skip_special_tokens=True) == bert.batch_decode(
+        bert(texts)["input_ids"], skip_special_tokens=True)
