@@ -49,6 +49,7 @@ class DataConfig:
     max_text_len: int = 30
     shuffle_buffer: int = 1000
     tokenizer: str | None = None  # folder with vocab.txt; default: the MiniLM package's (bert-base-uncased vocab)
+    augment: bool = True  # pretraining: RandomResizedCrop + RandAugment (ALBEF / mPLUG); off: the eval transform
 
 
 @dataclass

@@ -88,3 +88,39 @@ def test_readme_library_example_runs_on_the_demo_models(demo_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert len(lines) >= 3, proc.stdout  # similarity, caption, answer
+
+
+def test_report_shows_held_out_images_with_the_models_own_captions_and_answers(demo_run, demo_shards):
+    """The examples in report.md are what the saved captioner / VQA model say about those held-out images,
+    recomputed here through the library API from the shards themselves."""
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    import mplug_pretrain
+    out, metrics, _ = demo_run
+    report = (out / "report.md").read_text()
+    assert (out / "plots" / "examples.png").stat().st_size > 1000
+
+    def first_samples(url, image_ext, count=6):
+        images, metas = {}, {}
+        with tarfile.open(url) as tar:
+            for member in tar:
+                key, _, ext = member.name.partition(".")
+                if ext == image_ext:
+                    images[key] = Image.open(io.BytesIO(tar.extractfile(member).read())).convert("RGB")
+                elif ext == "json":
+                    metas[key] = json.load(tar.extractfile(member))
+        keys = [k for k in images if k in metas][:count]  # shard order
+        return [images[k] for k in keys], [metas[k] for k in keys]
+
+    scenes, _ = first_samples(demo_shards["caption_val"], "jpg")
+    captioner, *_ = mplug_pretrain.create_model_and_transforms(metrics["caption_model_dir"])
+    for i, caption in enumerate(captioner.caption(scenes)):
+        assert f"| ![](plots/examples/caption_{i}.png) | {caption} |" in report
+        assert (out / "plots" / "examples" / f"caption_{i}.png").is_file()
+    images, metas = first_samples(demo_shards["vqa_val"], "png")
+    vqa, *_ = mplug_pretrain.create_model_and_transforms(metrics["vqa_model_dir"])
+    for i, (meta, answer) in enumerate(zip(metas, vqa.answer(images, [m["question"] for m in metas]))):
+        assert f"| ![](plots/examples/vqa_{i}.png) | {meta['question']} | {answer} |" in report

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from mplug_pretrain.demo.gallery import gallery_markdown
 from mplug_pretrain.utils.atomic_files import write_text_atomic
 
 ROWS = [  # (metric, the reference it is compared with, title)
@@ -15,10 +16,13 @@ ROWS = [  # (metric, the reference it is compared with, title)
 ]
 
 
-def write_report(out_root: str, metrics: dict, records: list[dict]) -> str:
+def write_report(out_root: str, metrics: dict, records: list[dict], examples: dict | None = None) -> str:
+    """``examples``: ``demo.gallery.held_out_examples`` output, shown first (images with captions / answers)."""
     lines = ["# mplug demo report", "",
-             f"Total time: {metrics.get('total_seconds', 0) / 60:.1f} min on this machine (CPU, fp32).", "",
-             "| what | ours | reference | |", "|---|---|---|---|"]
+             f"Total time: {metrics.get('total_seconds', 0) / 60:.1f} min on this machine (CPU, fp32).", ""]
+    if examples:
+        lines += ["![held-out examples](plots/examples.png)", "", *gallery_markdown(examples), ""]
+    lines += ["## Figures", "", "| what | ours | reference | |", "|---|---|---|---|"]
     for key, ref_key, title in ROWS:
         if key not in metrics:
             continue

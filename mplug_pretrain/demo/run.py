@@ -3,19 +3,23 @@
     data_shards/ (made on first use) -> pretrain the tiny preset (ITC+ITM+MLM+PrefixLM, DeepSpeed)
     -> zero-shot image-text retrieval on held-out scenes -> caption fine-tuning (XE, then SCST)
     -> VQA fine-tuning on the real easy-vqa data -> zero-shot text-video retrieval on synthetic videos
-    -> runs/demo/metrics.json, runs/demo/report.md, runs/demo/plots/*.png
+    -> runs/demo/metrics.json, runs/demo/report.md (with held-out images, their captions and answers),
+       runs/demo/plots/*.png (losses; examples.png: the same examples in one picture)
 
 ``quick=True`` (``mplug demo --quick``) runs every stage on a few dozen steps: a check that an
 installation works end to end (the test suite's demo run), not the demo's figures.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import multiprocessing
 import os
 import shutil
 import time
 
 from mplug_pretrain.config import load_config
 from mplug_pretrain.demo.caption_stage import caption_demo
+from mplug_pretrain.demo.gallery import gallery_figure, held_out_examples
 from mplug_pretrain.demo.report import write_report
 from mplug_pretrain.demo.retrieval_stage import retrieval_demo, video_retrieval_demo
 from mplug_pretrain.demo.vocab import vocab_size
@@ -27,13 +31,37 @@ DEMO_CONFIG = config_file("demo.yaml")
 
 QUICK_PRETRAIN = ["optim.max_steps=30", "optim.warmup_steps=5", "optim.alpha_warmup_steps=10", "run.log_every=10"]
 
-# (title, stage) in the order they run; each stage(pretrained_dir, shards, run_root, quick) -> {metric: value}
-STAGES = [
-    ("zero-shot image-text retrieval", retrieval_demo),
-    ("caption fine-tuning (XE then SCST)", caption_demo),
-    ("VQA fine-tuning on easy-vqa", vqa_demo),
-    ("zero-shot text-video retrieval", video_retrieval_demo),
+# Two lanes of stages, run side by side after pretraining (one process and one torch thread each: on 2 cores
+# that beats 2 threads in one process, README "CPU threads"); each stage(pretrained_dir, shards, run_root,
+# quick) -> {metric: value}. The lanes take about the same time.
+LANES = [
+    [("caption fine-tuning (XE then SCST)", caption_demo)],
+    [("zero-shot image-text retrieval", retrieval_demo), ("VQA fine-tuning on easy-vqa", vqa_demo),
+     ("zero-shot text-video retrieval", video_retrieval_demo)],
 ]
+
+
+def _run_lane(lane_index: int, pretrained: str, shards: dict, out_root: str, quick: bool) -> list[tuple[str, dict, float]]:
+    """One lane in a fresh process -> [(stage name, its metrics, its seconds)]; log in ``out_root``/lane<i>.log."""
+    import contextlib
+
+    import torch
+    torch.set_num_threads(1)
+    for key in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(key, None)  # the parent's single-rank group: each lane starts its own on a free port
+    done = []
+    with open(os.path.join(out_root, f"lane{lane_index}.log"), "w") as log, \
+            contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        for title, stage in LANES[lane_index]:
+            start = time.time()
+            result = stage(pretrained, shards, out_root, quick)
+            done.append((stage.__name__, result, time.time() - start))
+            print(f"[demo] {title}: " + _format(result), flush=True)
+    return done
+
+
+def _format(result: dict) -> str:
+    return ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items())
 
 
 def _print_shard_summary(shards: dict) -> None:
@@ -48,13 +76,16 @@ def _print_shard_summary(shards: dict) -> None:
 
 def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", overrides: list[str] | None = None,
              quick: bool = False) -> dict:
+    import torch
+
     from mplug_pretrain.demo.shards import ensure_demo_shards
     from mplug_pretrain.train.pretrain import run_pretrain
     from mplug_pretrain.train.run_log import plot_losses, read_log
-
+    torch.set_num_threads(1)  # with one loader worker beside it: both cores busy, none oversubscribed
     start = time.time()
     shards = ensure_demo_shards(shards_root)
     _print_shard_summary(shards)
+    timings = {"shards": time.time() - start}
     cfg = load_config(DEMO_CONFIG, [f"data.train_shards={shards['pretrain_train']}", f"run.output_dir={out_root}",
                                     f"data.tokenizer={shards['tokenizer']}",
                                     f"model.text.vocab_size={vocab_size(shards['tokenizer'])}",
@@ -66,16 +97,19 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
           f"(batch {cfg.data.batch_size}, ZeRO-{cfg.distributed.zero_stage}, {cfg.distributed.precision})", flush=True)
     run_pretrain(cfg)
     pretrained = os.path.join(cfg.run_dir, "model")
-    timings = {"pretrain": time.time() - start}
+    timings["pretrain"] = time.time() - start - timings["shards"]
     metrics: dict = {}
-    for title, stage in STAGES:
-        print(f"[demo] {title} ...", flush=True)
-        t = time.time()
-        result = stage(pretrained, shards, out_root, quick)
-        metrics.update(result)
-        timings[stage.__name__] = time.time() - t
-        print(f"[demo] {title}: " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
-                                             for k, v in result.items()), flush=True)
+    for index, lane in enumerate(LANES):
+        print(f"[demo] lane {index}: " + ", then ".join(title for title, _ in lane) +
+              f" (log: {os.path.join(out_root, f'lane{index}.log')})", flush=True)
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked DeepSpeed / OpenMP state
+    with concurrent.futures.ProcessPoolExecutor(len(LANES), mp_context=context) as pool:
+        lanes = [pool.submit(_run_lane, i, pretrained, shards, out_root, quick) for i in range(len(LANES))]
+        for index, future in enumerate(lanes):
+            for (title, _), (name, result, seconds) in zip(LANES[index], future.result()):
+                metrics.update(result)
+                timings[name] = seconds
+                print(f"[demo] {title}: {_format(result)}", flush=True)
     records = read_log(cfg.run_dir)
     metrics["pretrain_steps"] = len(records)
     metrics["pretrain_loss_first10"] = _mean([r["loss"] for r in records[:10]])
@@ -85,8 +119,10 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     os.makedirs(os.path.join(out_root, "plots"), exist_ok=True)
     plot_losses(cfg.run_dir)
     shutil.copy(os.path.join(cfg.run_dir, "plots", "losses.png"), os.path.join(out_root, "plots", "pretrain_losses.png"))
+    examples = held_out_examples(metrics["caption_model_dir"], metrics["vqa_model_dir"], shards, out_root)
+    gallery_figure(examples, out_root)
     write_json_atomic(os.path.join(out_root, "metrics.json"), metrics)
-    write_report(out_root, metrics, records)
+    write_report(out_root, metrics, records, examples)
     print(f"[demo] done in {metrics['total_seconds'] / 60:.1f} min: {out_root}/metrics.json, "
           f"{out_root}/report.md, {out_root}/plots/", flush=True)
     return metrics

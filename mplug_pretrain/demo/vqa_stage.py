@@ -5,11 +5,13 @@
     vqa_majority_baseline  the same accuracy (%) of always answering the most frequent TRAINING answer
                            (counted over every annotator answer in shards['vqa_train'])
     vqa_inference          "generate" | "rank", as the config chose
+    vqa_model_dir          the fine-tuned model folder
 The ground truth for the baseline is read straight from the shards' JSON (not from the model's run).
 """
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 from collections import Counter
 
@@ -66,7 +68,9 @@ def vqa_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool = Fal
                            "vqa": {"train_shards": shards["vqa_train"], "val_shards": shards["vqa_val"],
                                    "answer_list": shards.get("vqa_answer_list")}})
     cfg = config_from_dict(raw)
-    metrics = run(cfg)["metrics"]
+    result = run(cfg)
+    metrics = result["metrics"]
     majority, baseline = majority_baseline(shards["vqa_train"], shards["vqa_val"], cfg.vqa.normalization)
     return {"vqa_accuracy": metrics["vqa_accuracy"], "vqa_majority_baseline": baseline,
-            "vqa_majority_answer": majority, "vqa_inference": cfg.vqa.inference}
+            "vqa_majority_answer": majority, "vqa_inference": cfg.vqa.inference,
+            "vqa_model_dir": os.path.join(cfg.run_dir, "model")}

@@ -41,7 +41,7 @@ def build_train_loader(cfg: Config, spec: LoaderSpec):
     from mplug_pretrain.data.pipeline import build_pretrain_loader
     from mplug_pretrain.data.tokenizer import load_tokenizer
     return build_pretrain_loader(spec, load_tokenizer(cfg.data.tokenizer), image_size=cfg.model.vision.image_size,
-                                 max_text_len=cfg.data.max_text_len, augment=True)
+                                 max_text_len=cfg.data.max_text_len, augment=cfg.data.augment)
 
 
 def distill_alpha(cfg: Config, step: int) -> float:
