@@ -33,7 +33,13 @@ from torch import nn
 from mplug_pretrain.data.caption_text import clean_caption
 from mplug_pretrain.eval.cider_d import CiderD
 from mplug_pretrain.models.decoder_api import EOS_ID
-from mplug_pretrain.models.generation import expand_memory, sample, sequence_log_probs, token_mask
+from mplug_pretrain.models.generation import (
+    expand_memory,
+    sample,
+    sample_with_grad,
+    sequence_log_probs,
+    token_mask,
+)
 
 EOS_WORD = "<eos>"  # never produced by clean_caption, so it cannot collide with a word
 RewardFn = Callable[[Sequence[int], Sequence[str], Sequence[bool]], np.ndarray]
@@ -101,17 +107,24 @@ def self_critical_loss(log_probs: torch.Tensor, rewards: torch.Tensor, k: int) -
 
 
 def scst_loss(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, image_ids: Sequence[int],
-              reward: RewardFn, tokenizer, k: int = 5, max_length: int = 20) -> dict[str, torch.Tensor]:
+              reward: RewardFn, tokenizer, k: int = 5, max_length: int = 20,
+              one_pass: bool = True) -> dict[str, torch.Tensor]:
     """One SCST step for N images: memory [N, M, D] (with gradient) -> {"loss", "loss_reward" (mean r),
-    "log_probs" [N * k] (recomputed, with gradient), "sampled_log_probs" [N * k] (the sampler's)}.
+    "log_probs" [N * k] (with gradient), "sampled_log_probs" [N * k] (the sampler's, no gradient)}.
+    one_pass: the sampler's own log-probs carry the gradient; else they are recomputed by teacher forcing.
     Call it inside ``policy_mode`` when the decoder has dropout (see the module docstring)."""
     if memory.shape[0] != len(image_ids):
         raise ValueError(f"memory has {memory.shape[0]} rows but {len(image_ids)} image ids were given")
-    sequences, sampled_log_probs = sample(decoder, memory.detach(), memory_mask, num_samples=k, max_length=max_length)
+    if one_pass:
+        sequences, log_probs = sample_with_grad(decoder, memory, memory_mask, num_samples=k, max_length=max_length)
+        sampled_log_probs = log_probs.detach()
+    else:
+        sequences, sampled_log_probs = sample(decoder, memory.detach(), memory_mask, num_samples=k,
+                                              max_length=max_length)
+        log_probs = sequence_log_probs(decoder, *expand_memory(decoder, memory, memory_mask, k), sequences)
     texts, finished = decode_samples(tokenizer, sequences)
     sample_ids = [i for i in image_ids for _ in range(k)]
     rewards = torch.as_tensor(reward(sample_ids, texts, finished), dtype=torch.float32, device=memory.device)
-    log_probs = sequence_log_probs(decoder, *expand_memory(decoder, memory, memory_mask, k), sequences)
     loss, _ = self_critical_loss(log_probs, rewards, k)
     return {"loss": loss, "loss_reward": rewards.mean(), "log_probs": log_probs,
             "sampled_log_probs": sampled_log_probs}
