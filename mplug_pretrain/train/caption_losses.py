@@ -52,7 +52,7 @@ def xe_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt_le
 
 
 def scst_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt: torch.Tensor,
-                    reward: CiderDReward, tokenizer, k: int, max_length: int, one_pass: bool = True) -> dict:
+                    reward: CiderDReward, tokenizer, k: int, max_length: int, one_pass: bool = False) -> dict:
     """SCST on the distinct images of a loader batch (as ``xe_batch_loss`` plus image_id [B]; ``prompt``
     [1, P] = "[CLS] prompt [SEP]") -> {"loss": scalar, "loss_reward": mean CIDEr-D of the k samples}.
     one_pass: gradient through the sampler (``scst_loss``)."""
