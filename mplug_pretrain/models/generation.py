@@ -211,13 +211,13 @@ def _sample(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor,
     past, steps = None, []
     for t in range(max_length):
         logits, past = _next_logits(decoder, tokens, mask, memory, memory_mask, past)
-        # the draw needs no graph; the log-prob is built out of place, so autograd may keep every step's
+        # the draw needs no graph (sample_with_grad); the sum and the mask below change out of place for autograd
         probs = _filter_logits(_block(logits.detach() / temperature, t < min_length), top_k, top_p).softmax(-1)
         token = draw(probs, generator).masked_fill(finished, PAD_ID)
         step_lp = logits.log_softmax(-1).gather(1, token[:, None]).squeeze(1)
         total = total + step_lp.masked_fill(finished, 0.0)
         steps.append(token)
-        finished = finished | (token == EOS_ID)  # out of place: masked_fill saved the old mask
+        finished = finished | (token == EOS_ID)  # masked_fill saved the old mask for backward
         if bool(finished.all()):
             break
         tokens, mask = token[:, None], torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
