@@ -135,6 +135,9 @@ class CaptionConfig:
     label_smoothing: float = 0.0
     scst_samples: int = 5  # k sampled captions per image; baseline = mean reward of the other k - 1
     scst_sigma: float = 6.0  # CIDEr-D length penalty (n = 4)
+    # SCST's log-probs with gradient from the sampling pass itself instead of a teacher-forced recomputation: the
+    # same loss and gradient; faster only when the output layer dominates (bench/README.md "SCST in one pass")
+    scst_one_pass: bool = False
     eos_in_reward: bool = True  # SacreEOS "standard": EOS kept in sampled captions and references
     feature_cache: str | None = None  # folder for cached frozen visual features; default <run dir>/feature_cache
     feature_dtype: Literal["float32", "float16"] = "float32"

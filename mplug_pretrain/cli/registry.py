@@ -130,6 +130,11 @@ def _bench_generate():
     return generate
 
 
+def _bench_scst_pass():
+    from mplug_pretrain.bench import scst_pass
+    return scst_pass
+
+
 def _bench_feature_cache():
     from mplug_pretrain.bench import feature_cache
     return feature_cache
@@ -161,6 +166,7 @@ BENCHES = {  # `mplug bench <name>`
     "train-step": _bench_train_step,
     "cider": _bench_cider,
     "generate": _bench_generate,
+    "scst-pass": _bench_scst_pass,
     "feature-cache": _bench_feature_cache,
     "data-peer": _bench_data_peer,
     "attention-peer": _bench_attention_peer,

@@ -11,6 +11,7 @@ beam_search       batched beam search with the cache. Beams are ranked by summed
                   It runs until every beam ended, or with early_stopping until the best normalized beam
                   ended. Beam size 1 is exactly greedy. (The official mPLUG rule: ``beam_official.py``.)
 sample            ``num_samples`` draws per input (temperature, optional top-k / top-p), with their log-probs.
+sample_with_grad  the same draws (temperature 1) with autograd on: summed log-probs WITH gradient (one-pass SCST).
 sequence_log_probs  summed log-probs of given sequences under teacher forcing, WITH gradient (SCST).
 score_candidates  rank candidate answers per input by summed log-prob (optionally prefiltered to the top-k
                   by first-token probability, as ALBEF/mPLUG ``rank_answer``).
@@ -184,6 +185,22 @@ def sample(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, 
            max_length: int = 20, min_length: int = 0, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
            generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (sequences [B * num_samples, L], log_probs [B * num_samples]); rows of input i are i*n .. i*n+n-1."""
+    return _sample(decoder, memory, memory_mask, num_samples, max_length, min_length, temperature, top_k, top_p,
+                   generator)
+
+
+def sample_with_grad(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, num_samples: int = 5,
+                     max_length: int = 20, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample`` (temperature 1, full softmax) with autograd on: log_probs [B * num_samples] carry a graph back
+    to ``memory`` and the decoder's parameters, so SCST needs no teacher-forced recomputation. Equals
+    ``sample`` then ``sequence_log_probs`` for the same random draws (tests/tasks/test_caption_scst_one_pass.py)."""
+    with torch.enable_grad():
+        return _sample(decoder, memory, memory_mask, num_samples, max_length, 0, 1.0, 0, 1.0, generator)
+
+
+def _sample(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, num_samples: int, max_length: int,
+            min_length: int, temperature: float, top_k: int, top_p: float,
+            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     n = memory.shape[0] * num_samples
@@ -194,12 +211,13 @@ def sample(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, 
     past, steps = None, []
     for t in range(max_length):
         logits, past = _next_logits(decoder, tokens, mask, memory, memory_mask, past)
-        probs = _filter_logits(_block(logits / temperature, t < min_length), top_k, top_p).softmax(-1)
+        # the draw needs no graph (sample_with_grad); the sum and the mask below change out of place for autograd
+        probs = _filter_logits(_block(logits.detach() / temperature, t < min_length), top_k, top_p).softmax(-1)
         token = draw(probs, generator).masked_fill(finished, PAD_ID)
         step_lp = logits.log_softmax(-1).gather(1, token[:, None]).squeeze(1)
-        total += step_lp.masked_fill(finished, 0.0)
+        total = total + step_lp.masked_fill(finished, 0.0)
         steps.append(token)
-        finished |= token == EOS_ID
+        finished = finished | (token == EOS_ID)  # masked_fill saved the old mask for backward
         if bool(finished.all()):
             break
         tokens, mask = token[:, None], torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)

@@ -52,9 +52,10 @@ def xe_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt_le
 
 
 def scst_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt: torch.Tensor,
-                    reward: CiderDReward, tokenizer, k: int, max_length: int) -> dict:
+                    reward: CiderDReward, tokenizer, k: int, max_length: int, one_pass: bool = False) -> dict:
     """SCST on the distinct images of a loader batch (as ``xe_batch_loss`` plus image_id [B]; ``prompt``
-    [1, P] = "[CLS] prompt [SEP]") -> {"loss": scalar, "loss_reward": mean CIDEr-D of the k samples}."""
+    [1, P] = "[CLS] prompt [SEP]") -> {"loss": scalar, "loss_reward": mean CIDEr-D of the k samples}.
+    one_pass: gradient through the sampler (``scst_loss``)."""
     rows, weight = _rows_or_zero(batch)
     first: dict[int, int] = {}
     for i in rows:  # SCST is image-wise: one row per distinct image of the batch
@@ -65,5 +66,5 @@ def scst_batch_loss(module: nn.Module, batch: dict, freeze_vision: bool, prompt:
         ids = prompt.to(states.device).expand(len(rows), -1)
         memory, memory_mask = module.memory_from_states(states, None, ids, torch.ones_like(ids))
         out = scst_loss(module.decoder, memory, memory_mask, list(first), reward, tokenizer, k=k,
-                        max_length=max_length)
+                        max_length=max_length, one_pass=one_pass)
     return {"loss": out["loss"] * weight, "loss_reward": out["loss_reward"]}

@@ -107,7 +107,7 @@ class CaptionStage:
         if self.stage.objective == "xe":
             return xe_batch_loss(module, batch, self.stage.freeze_vision, self.prompt.shape[1] - 1, c.label_smoothing)
         return scst_batch_loss(module, batch, self.stage.freeze_vision, self.prompt, self.reward, self.tokenizer,
-                               c.scst_samples, c.generation.max_length)
+                               c.scst_samples, c.generation.max_length, c.scst_one_pass)
 
     def task(self) -> TrainTask:
         return TrainTask(name=f"caption_{self.stage.name}", build_model=self.build_model,

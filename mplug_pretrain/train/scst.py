@@ -9,17 +9,26 @@ the full softmax, at most ``max_length`` tokens, EOS included; ``models.generati
     b_ij = (sum_l r_il - r_ij) / (k - 1)        mean reward of the OTHER samples of image i
     L    = -(1 / (N k)) sum_ij (r_ij - b_ij) * log p(y_ij | image_i)                      (eq. 14)
 
-with log p the summed token log-probabilities (EOS included) recomputed with gradient by teacher forcing
-(``models.generation.sequence_log_probs``); the reward and the baseline carry no gradient.
+with log p the summed token log-probabilities (EOS included); the reward and the baseline carry no gradient.
+log p comes either from the sampling pass itself, run with autograd on (``one_pass``, as ExpansionNet v2's
+training: ``models.generation.sample_with_grad``), or (default) from a second, teacher-forced pass over the
+samples drawn without gradient (``models.generation.sequence_log_probs``). Both give the same samples, loss and
+gradient (tests/tasks/test_caption_scst_one_pass.py). Either way an image is encoded once for its k samples
+(``generation.expand_memory``: the BERT decoder also computes the memory's keys and values once per image).
+One pass saves the recomputation but back-propagates through 20 single-token steps, each of which accumulates
+every weight gradient and keeps its own copy of the growing key/value cache; two passes back-propagate once
+through a batched forward. Measured (``mplug bench scst-pass``, bench/README.md "SCST in one pass"), one pass
+wins only where the output layer dominates (the tiny preset with BERT's 30,522 words); with the demo's small
+vocabulary and at the base preset two passes are faster.
 SacreEOS "standard" (signature STANDARD_wInit+Cider-D[n4,s6.0]+average[nspi5]): EOS is appended to every
 reference and to every sample that emitted it (a sample cut at ``max_length`` has none).
 Rewards compare words: references and decoded samples both go through ``data.caption_text.clean_caption``
 (ExpansionNet v2's preprocessing: "man's" -> "man s").
 
-The policy is the network with dropout OFF (``policy_mode``): the samples are drawn in one forward pass and
-their log-probabilities recomputed in another, and with dropout on the two would see different masks, so the
-gradient would push up log p of captions that a different network sampled. On the demo's synthetic captions
-the dropout-free policy raised held-out CIDEr-D faster (bench/README.md, "SCST and dropout").
+The policy is the network with dropout OFF (``policy_mode``), in both modes: with two passes and dropout on, the
+two would see different masks, so the gradient would push up log p of captions that a different network
+sampled. On the demo's synthetic captions the dropout-free policy raised held-out CIDEr-D faster (bench/README.md,
+"SCST and dropout").
 """
 from __future__ import annotations
 
@@ -33,7 +42,13 @@ from torch import nn
 from mplug_pretrain.data.caption_text import clean_caption
 from mplug_pretrain.eval.cider_d import CiderD
 from mplug_pretrain.models.decoder_api import EOS_ID
-from mplug_pretrain.models.generation import expand_memory, sample, sequence_log_probs, token_mask
+from mplug_pretrain.models.generation import (
+    expand_memory,
+    sample,
+    sample_with_grad,
+    sequence_log_probs,
+    token_mask,
+)
 
 EOS_WORD = "<eos>"  # never produced by clean_caption, so it cannot collide with a word
 RewardFn = Callable[[Sequence[int], Sequence[str], Sequence[bool]], np.ndarray]
@@ -101,17 +116,24 @@ def self_critical_loss(log_probs: torch.Tensor, rewards: torch.Tensor, k: int) -
 
 
 def scst_loss(decoder: nn.Module, memory: torch.Tensor, memory_mask: torch.Tensor, image_ids: Sequence[int],
-              reward: RewardFn, tokenizer, k: int = 5, max_length: int = 20) -> dict[str, torch.Tensor]:
+              reward: RewardFn, tokenizer, k: int = 5, max_length: int = 20,
+              one_pass: bool = False) -> dict[str, torch.Tensor]:
     """One SCST step for N images: memory [N, M, D] (with gradient) -> {"loss", "loss_reward" (mean r),
-    "log_probs" [N * k] (recomputed, with gradient), "sampled_log_probs" [N * k] (the sampler's)}.
+    "log_probs" [N * k] (with gradient), "sampled_log_probs" [N * k] (the sampler's, no gradient)}.
+    one_pass: the sampler's own log-probs carry the gradient; else they are recomputed by teacher forcing.
     Call it inside ``policy_mode`` when the decoder has dropout (see the module docstring)."""
     if memory.shape[0] != len(image_ids):
         raise ValueError(f"memory has {memory.shape[0]} rows but {len(image_ids)} image ids were given")
-    sequences, sampled_log_probs = sample(decoder, memory.detach(), memory_mask, num_samples=k, max_length=max_length)
+    if one_pass:
+        sequences, log_probs = sample_with_grad(decoder, memory, memory_mask, num_samples=k, max_length=max_length)
+        sampled_log_probs = log_probs.detach()
+    else:
+        sequences, sampled_log_probs = sample(decoder, memory.detach(), memory_mask, num_samples=k,
+                                              max_length=max_length)
+        log_probs = sequence_log_probs(decoder, *expand_memory(decoder, memory, memory_mask, k), sequences)
     texts, finished = decode_samples(tokenizer, sequences)
     sample_ids = [i for i in image_ids for _ in range(k)]
     rewards = torch.as_tensor(reward(sample_ids, texts, finished), dtype=torch.float32, device=memory.device)
-    log_probs = sequence_log_probs(decoder, *expand_memory(decoder, memory, memory_mask, k), sequences)
     loss, _ = self_critical_loss(log_probs, rewards, k)
     return {"loss": loss, "loss_reward": rewards.mean(), "log_probs": log_probs,
             "sampled_log_probs": sampled_log_probs}

@@ -168,15 +168,18 @@ def test_scst_recomputes_the_log_probs_of_the_network_that_sampled(tokenizer):
 
     torch.manual_seed(1)
     with policy_mode(model):
-        inside = scst_loss(model.decoder, memory, mask, [1, 2, 3], reward, tokenizer, k=2, max_length=6)
+        inside = scst_loss(model.decoder, memory, mask, [1, 2, 3], reward, tokenizer, k=2, max_length=6,
+                           one_pass=False)
     torch.testing.assert_close(inside["log_probs"].detach(), inside["sampled_log_probs"], atol=1e-4, rtol=1e-5)
     torch.manual_seed(1)
-    outside = scst_loss(model.decoder, memory, mask, [1, 2, 3], reward, tokenizer, k=2, max_length=6)
+    outside = scst_loss(model.decoder, memory, mask, [1, 2, 3], reward, tokenizer, k=2, max_length=6,
+                        one_pass=False)
     assert (outside["log_probs"].detach() - outside["sampled_log_probs"]).abs().max() > 1e-2
     assert model.training and model.decoder.training and not model.image_encoder.training
 
 
-def test_scst_batch_loss_is_the_dropout_free_networks_loss(tokenizer):
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_scst_batch_loss_is_the_dropout_free_networks_loss(tokenizer, one_pass):
     model = _dropout_model()
 
     def reward(image_ids, texts, finished):
@@ -185,9 +188,11 @@ def test_scst_batch_loss_is_the_dropout_free_networks_loss(tokenizer):
     batch = {"image": torch.randn(2, 3, 64, 64), "image_id": torch.tensor([4, 9]), "is_pad": torch.tensor([False, False])}
     prompt = torch.tensor([[101, 1037, 3861, 1997, 102]])
     torch.manual_seed(2)
-    in_training_mode = scst_batch_loss(model, batch, True, prompt, reward, tokenizer, k=3, max_length=5)
+    in_training_mode = scst_batch_loss(model, batch, True, prompt, reward, tokenizer, k=3, max_length=5,
+                                       one_pass=one_pass)
     assert model.training and not model.image_encoder.training
     model.eval()
     torch.manual_seed(2)
-    in_eval_mode = scst_batch_loss(model, batch, True, prompt, reward, tokenizer, k=3, max_length=5)
+    in_eval_mode = scst_batch_loss(model, batch, True, prompt, reward, tokenizer, k=3, max_length=5,
+                                   one_pass=one_pass)
     assert in_training_mode["loss"].item() == in_eval_mode["loss"].item() != 0.0
