@@ -48,7 +48,9 @@ class DataConfig:
     num_workers: int = 2
     max_text_len: int = 30
     shuffle_buffer: int = 1000
-    tokenizer: str | None = None  # folder with vocab.txt; default: the MiniLM package's (bert-base-uncased vocab)
+    # folder with vocab.txt; default: init_from's / the evaluated folder's own, else the MiniLM package's
+    # (bert-base-uncased vocab)
+    tokenizer: str | None = None
     augment: bool = True  # pretraining: RandomResizedCrop + RandAugment (ALBEF / mPLUG); off: the eval transform
 
 
@@ -290,8 +292,16 @@ def config_from_dict(raw: dict, check_paths: bool | Literal["eval"] = True) -> C
     cfg = build_dataclass(Config, raw, "", base=cfg)
     from mplug_pretrain.models.weights.bert import follow_bert_checkpoints
     follow_bert_checkpoints(cfg.model, raw.get("model") or {})  # sizes + compatibility, before any heavy work
+    use_folder_tokenizer(cfg, cfg.init_from)
     validate(cfg, check_paths=check_paths)
     return cfg
+
+
+def use_folder_tokenizer(cfg: Config, folder: str | None) -> None:
+    """``data.tokenizer: null`` with a model folder that ships its own vocab.txt (every save_pretrained /
+    export does): the folder's, so a model trained on another vocabulary (the demo's) is fed its own ids."""
+    if cfg.data.tokenizer is None and folder and os.path.isfile(os.path.join(folder, "vocab.txt")):
+        cfg.data.tokenizer = folder
 
 
 def _refuse_nan(obj, prefix: str) -> None:

@@ -118,3 +118,17 @@ def test_optional_fields_are_type_checked():
         config_from_dict({"data": {"val_shards": [1, 2]}}, check_paths=False)
     with pytest.raises(ConfigError, match=r"^data\.train_weights: expected"):
         load_config(None, ["data.train_shards=a.tar", "data.train_weights=[x]"], check_paths=False)
+
+
+def test_a_model_folder_with_its_own_vocabulary_brings_it_unless_one_is_given(tmp_path):
+    """init_from (and `mplug eval --checkpoint`) with vocab.txt inside: data.tokenizer defaults to the folder,
+    so a model trained on another vocabulary is not fed bert-base-uncased ids; an explicit choice wins."""
+    folder, other = tmp_path / "model", tmp_path / "other"
+    for path in (folder, other):
+        path.mkdir()
+        (path / "vocab.txt").write_text("[PAD]\n")
+    assert config_from_dict({"init_from": str(folder)}, check_paths=False).data.tokenizer == str(folder)
+    given = {"init_from": str(folder), "data": {"tokenizer": str(other)}}
+    assert config_from_dict(given, check_paths=False).data.tokenizer == str(other)
+    (folder / "vocab.txt").unlink()
+    assert config_from_dict({"init_from": str(folder)}, check_paths=False).data.tokenizer is None

@@ -6,6 +6,7 @@ import json
 
 from mplug_pretrain.cli.parsing import IntermixedParser, add_config_args, load_config_from_args
 from mplug_pretrain.cli.registry import EVAL_TASKS, FINETUNE_TASKS
+from mplug_pretrain.config import use_folder_tokenizer
 
 
 def register_finetune(sub) -> None:
@@ -43,6 +44,7 @@ def run_finetune(args) -> int:
 
 def run_eval(args) -> int:
     cfg = load_config_from_args(args, check_paths="eval")  # the training shards need not exist to evaluate
+    use_folder_tokenizer(cfg, args.checkpoint)
     metrics = EVAL_TASKS[args.task]().run(cfg, checkpoint=args.checkpoint, out=args.out)
     print(json.dumps(metrics, indent=2))
     return 0
