@@ -43,15 +43,18 @@ LANES = [
 
 def _run_lane(lane_index: int, pretrained: str, shards: dict, out_root: str, quick: bool) -> list[tuple[str, dict, float]]:
     """One lane in a fresh process -> [(stage name, its metrics, its seconds)]; log in ``out_root``/lane<i>.log."""
-    import contextlib
+    import sys
 
     import torch
     torch.set_num_threads(1)
     for key in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         os.environ.pop(key, None)  # the parent's single-rank group: each lane starts its own on a free port
     done = []
-    with open(os.path.join(out_root, f"lane{lane_index}.log"), "w") as log, \
-            contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+    with open(os.path.join(out_root, f"lane{lane_index}.log"), "w") as log:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd in (1, 2):  # file descriptors, not just sys.stdout: compilers DeepSpeed probes write there too
+            os.dup2(log.fileno(), fd)
         for title, stage in LANES[lane_index]:
             start = time.time()
             result = stage(pretrained, shards, out_root, quick)
