@@ -10,10 +10,12 @@ for the bert, expansion and acf decoders at the same width and depth, on one fix
 Extra rows (``implementation: transformers``): Hugging Face ``BertLMHeadModel`` (BERT decoder with
 cross-attention, same sizes, random weights) through ``generate`` (num_beams, use_cache) against our
 beam search over our bert decoder (``implementation: ours``). Random weights on both sides; the work is
-fixed by the forced length. fp32.
+fixed by the forced length. fp32. Ours (bert) and transformers are timed back to back per beam width.
+``MPLUG_BENCH_GENERATE_CACHE=on`` keeps only the cached rows (``cache_modes_from_env``).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -102,29 +104,37 @@ def hf_bert_decoder(size: Size) -> nn.Module:
     return BertLMHeadModel(cfg).eval()
 
 
+def cache_modes_from_env(value: str | None) -> tuple[bool, ...]:
+    """``MPLUG_BENCH_GENERATE_CACHE``: "on" (cached decoding only: the comparison with transformers, minutes),
+    "off", or unset / "both" (every row; the recompute-everything rows take about ten minutes on one core)."""
+    modes = {None: (True, False), "both": (True, False), "on": (True,), "off": (False,)}
+    if value not in modes:
+        raise ValueError(f"MPLUG_BENCH_GENERATE_CACHE: expected on, off or both, got {value!r}")
+    return modes[value]
+
+
 def run(out: str, quick: bool = False) -> dict:
     size = QUICK if quick else FULL
     torch.manual_seed(0)
     memory = torch.randn(size.batch, size.memory_tokens, size.width)
     mask = torch.ones(size.batch, size.memory_tokens, dtype=torch.long)
-    rows = []
-    for kind in DECODERS:
-        decoder = build_decoder(kind, size)
-        parameters = sum(p.numel() for p in decoder.parameters())
-        for cache in (True, False):
-            wrapped = decoder if cache else FullRecompute(decoder)
-            for beam in BEAMS:
-                seconds = _ours_seconds(wrapped, memory, mask, beam, size)
-                rows.append({"implementation": "ours", "decoder": kind, "beam": beam, "cache": cache,
-                             "captions_per_s": size.batch / seconds, "parameters": parameters})
-                print(rows[-1], flush=True)
+    decoders = {kind: build_decoder(kind, size) for kind in DECODERS}
     hf = hf_bert_decoder(size)
-    hf_parameters = sum(p.numel() for p in hf.parameters())
-    for cache in (True, False):
-        for beam in BEAMS:
-            seconds = _transformers_seconds(hf, memory, mask, beam, cache, size)
-            rows.append({"implementation": "transformers", "decoder": "bert", "beam": beam, "cache": cache,
-                         "captions_per_s": size.batch / seconds, "parameters": hf_parameters})
-            print(rows[-1], flush=True)
+    rows = []
+
+    def add(implementation: str, kind: str, beam: int, cache: bool, seconds: float, module: nn.Module) -> None:
+        rows.append({"implementation": implementation, "decoder": kind, "beam": beam, "cache": cache,
+                     "captions_per_s": size.batch / seconds, "parameters": sum(p.numel() for p in module.parameters())})
+        print(rows[-1], flush=True)
+
+    for cache in cache_modes_from_env(os.environ.get("MPLUG_BENCH_GENERATE_CACHE")):
+        for beam in BEAMS:  # ours (bert) and transformers back to back: the same load for both
+            wrapped = decoders["bert"] if cache else FullRecompute(decoders["bert"])
+            add("ours", "bert", beam, cache, _ours_seconds(wrapped, memory, mask, beam, size), decoders["bert"])
+            add("transformers", "bert", beam, cache, _transformers_seconds(hf, memory, mask, beam, cache, size), hf)
+        for kind in DECODERS[1:]:
+            wrapped = decoders[kind] if cache else FullRecompute(decoders[kind])
+            for beam in BEAMS:
+                add("ours", kind, beam, cache, _ours_seconds(wrapped, memory, mask, beam, size), decoders[kind])
     return write_bench("generate", rows, out, settings={**size.__dict__, "vocab": VOCAB, "dtype": "float32",
                                                         "threads": torch.get_num_threads()})
