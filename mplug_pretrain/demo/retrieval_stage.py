@@ -12,7 +12,7 @@ ranking (``eval.retrieval.chance_recall``). The small k keeps both under a minut
 """
 from __future__ import annotations
 
-from mplug_pretrain.config import config_from_dict
+from mplug_pretrain.config import config_from_dict, use_folder_tokenizer
 
 IMAGE_SETTINGS = {"k_test": 10, "rerank_score": "itm", "batch_size": 128, "num_workers": 0}
 VIDEO_SETTINGS = {"k_test": 5, "rerank_score": "itm+itc", "num_frames": 8, "frame_sampling": "uniform",
@@ -39,8 +39,8 @@ def retrieval_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool
     ``run_root`` and ``quick`` are unused."""
     from mplug_pretrain.eval import retrieval_task
     from mplug_pretrain.eval.common import load_eval_model
-    cfg = config_from_dict({"data": {"tokenizer": shards["tokenizer"]},
-                            "eval": {"shards": shards["pretrain_val"], **IMAGE_SETTINGS}})
+    cfg = config_from_dict({"eval": {"shards": shards["pretrain_val"], **IMAGE_SETTINGS}})
+    use_folder_tokenizer(cfg, pretrained_dir)  # the demo's vocabulary, saved with the model
     metrics = retrieval_task.evaluate(cfg, load_eval_model(cfg, pretrained_dir))
     return _summary("retrieval", metrics, "img")
 
@@ -49,8 +49,8 @@ def video_retrieval_demo(pretrained_dir: str, shards: dict, run_root: str, quick
     """-> {"video_retrieval_r1", "video_retrieval_chance" (both %), "videos_skipped", detailed recalls}."""
     from mplug_pretrain.eval import video_retrieval_task
     from mplug_pretrain.eval.common import load_eval_model
-    cfg = config_from_dict({"data": {"tokenizer": shards["tokenizer"]},
-                            "eval": {"shards": shards["video"], **VIDEO_SETTINGS}})
+    cfg = config_from_dict({"eval": {"shards": shards["video"], **VIDEO_SETTINGS}})
+    use_folder_tokenizer(cfg, pretrained_dir)
     metrics = video_retrieval_task.evaluate(cfg, load_eval_model(cfg, pretrained_dir))
     return {**_summary("video_retrieval", metrics, "vid"), "videos_skipped": metrics["videos_skipped"],
             "video_retrieval_num_frames": metrics["num_frames"]}
