@@ -87,7 +87,7 @@ def gallery_figure(examples: dict, out_root: str) -> str:
     import matplotlib.pyplot as plt
     rows = [examples["captions"], examples["answers"]]
     columns = max(len(row) for row in rows)
-    figure, axes = plt.subplots(2, columns, figsize=(2.6 * columns, 6.4), squeeze=False)
+    figure, axes = plt.subplots(2, columns, figsize=(2.6 * columns, 7.4), squeeze=False)
     for r, row in enumerate(rows):
         for c in range(columns):
             axis = axes[r][c]
