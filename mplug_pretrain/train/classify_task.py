@@ -21,7 +21,7 @@ from mplug_pretrain.data.classification_format import TASKS, ClassificationTask
 from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.finetune_image_size import finetune_image_size
+from mplug_pretrain.train.finetune_image_size import finetune_image_size, initial_model
 from mplug_pretrain.train.loop import TrainTask, run_training
 from mplug_pretrain.train.vqa_task import freeze_parts, freeze_pretraining_heads
 
@@ -35,15 +35,8 @@ def classification_loss(model: nn.Module, batch: dict) -> torch.Tensor:
 
 
 def build_model(cfg: Config, task: ClassificationTask) -> nn.Module:
-    from mplug_pretrain.models.mplug import MPLUG
     section = getattr(cfg, task.section)
-    if cfg.init_from:
-        model = MPLUG.from_pretrained(cfg.init_from, image_size=section.image_size)
-    else:
-        if section.image_size is not None and section.image_size != cfg.model.vision.image_size:
-            raise ConfigError(f"{task.section}.image_size: only re-targets a pretrained model (init_from); "
-                              "without one set model.vision.image_size")
-        model = MPLUG(cfg.model)
+    model = initial_model(cfg, task.section, section.image_size)
     heads = model.config.heads
     if model.classifier is None:
         model.add_classifier(len(task.labels), task.images)

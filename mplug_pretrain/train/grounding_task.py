@@ -25,7 +25,7 @@ from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.eval.box_metrics import paired_giou, xywh_to_xyxy
 from mplug_pretrain.models.grounding import CoordinateTokens, teacher_forced_logits
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.finetune_image_size import finetune_image_size
+from mplug_pretrain.train.finetune_image_size import finetune_image_size, initial_model
 from mplug_pretrain.train.loop import TrainTask, run_training
 from mplug_pretrain.train.vqa_task import freeze_parts, freeze_pretraining_heads
 
@@ -52,15 +52,8 @@ def grounding_loss(model: nn.Module, batch: dict, tokens: CoordinateTokens, weig
 
 
 def build_model(cfg: Config) -> nn.Module:
-    from mplug_pretrain.models.mplug import MPLUG
     g = cfg.grounding
-    if cfg.init_from:
-        model = MPLUG.from_pretrained(cfg.init_from, image_size=g.image_size)
-    else:
-        if g.image_size is not None and g.image_size != cfg.model.vision.image_size:
-            raise ConfigError("grounding.image_size: only re-targets a pretrained model (init_from); without one "
-                              "set model.vision.image_size")
-        model = MPLUG(cfg.model)
+    model = initial_model(cfg, "grounding", g.image_size)
     return freeze_parts(freeze_pretraining_heads(model), g.freeze)
 
 

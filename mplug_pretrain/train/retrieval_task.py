@@ -21,7 +21,7 @@ from mplug_pretrain.config import Config
 from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.finetune_image_size import finetune_image_size
+from mplug_pretrain.train.finetune_image_size import finetune_image_size, initial_model
 from mplug_pretrain.train.loop import TrainTask, run_training
 from mplug_pretrain.train.pretrain import distill_alpha
 
@@ -29,15 +29,7 @@ RETRIEVAL_LOSS_WEIGHTS = {"itc": 1.0, "itm": 1.0, "mlm": 0.0, "prefixlm": 0.0}
 
 
 def build_model(cfg: Config) -> nn.Module:
-    from mplug_pretrain.models.mplug import MPLUG
-    r = cfg.retrieval
-    if cfg.init_from:
-        model = MPLUG.from_pretrained(cfg.init_from, image_size=r.image_size)
-    else:
-        if r.image_size is not None and r.image_size != cfg.model.vision.image_size:
-            raise ConfigError("retrieval.image_size: only re-targets a pretrained model (init_from); without one "
-                              "set model.vision.image_size")
-        model = MPLUG(cfg.model)
+    model = initial_model(cfg, "retrieval", cfg.retrieval.image_size)
     model.config.heads.loss_weights = dict(RETRIEVAL_LOSS_WEIGHTS)
     for unused in (model.mlm_head, model.decoder):
         unused.requires_grad_(False)

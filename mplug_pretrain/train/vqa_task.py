@@ -26,7 +26,7 @@ from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.finetune_image_size import finetune_image_size
+from mplug_pretrain.train.finetune_image_size import finetune_image_size, initial_model
 from mplug_pretrain.train.loop import TrainTask, run_training
 
 
@@ -90,14 +90,7 @@ def training_image_size(cfg: Config) -> int:
 
 
 def build_model(cfg: Config) -> nn.Module:
-    from mplug_pretrain.models.mplug import MPLUG
-    if cfg.init_from:
-        model = MPLUG.from_pretrained(cfg.init_from, image_size=cfg.vqa.image_size)
-    else:
-        if cfg.vqa.image_size is not None and cfg.vqa.image_size != cfg.model.vision.image_size:
-            raise ConfigError("vqa.image_size: only re-targets a pretrained model (init_from); without one set "
-                              "model.vision.image_size")
-        model = MPLUG(cfg.model)
+    model = initial_model(cfg, "vqa", cfg.vqa.image_size)
     return freeze_parts(freeze_pretraining_heads(model), cfg.vqa.freeze)
 
 
