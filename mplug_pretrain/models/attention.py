@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mplug_pretrain.models.dropout import attention_with_dropout
+
 
 def attention_dtype(device: torch.device) -> torch.dtype:
     """The dtype of queries and keys here: autocast's when autocast is on for ``device``, else fp32."""
@@ -94,8 +96,11 @@ class MultiHeadAttention(nn.Module):
         groups = k.shape[0]
         if groups != b:  # g = b / groups query rows per source row: [b, H, t, d] -> [groups, H, g * t, d]
             q = q.view(groups, b // groups, heads, t, d).transpose(1, 2).reshape(groups, heads, -1, d)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
-                                             dropout_p=self.dropout if self.training else 0.0)
+        if self.training and self.dropout > 0 and q.device.type == "cpu":
+            out = attention_with_dropout(q, k, v, bias, self.dropout)  # SDPA would fall back to its math path
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                                 dropout_p=self.dropout if self.training else 0.0)
         if groups != b:
             out = out.view(groups, heads, b // groups, t, d).transpose(1, 2).reshape(b, heads, t, d)
         return self.out(out.transpose(1, 2).reshape(b, t, -1))

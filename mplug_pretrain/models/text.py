@@ -15,6 +15,7 @@ from torch import nn
 
 from mplug_pretrain.models.attention import MultiHeadAttention, key_padding_bias
 from mplug_pretrain.models.checkpointing import run_layer
+from mplug_pretrain.models.dropout import Dropout
 
 BERT_LN_EPS = 1e-12
 
@@ -28,7 +29,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(max_positions, width)
         self.token_type_embeddings = nn.Embedding(2, width)
         self.norm = nn.LayerNorm(width, eps=BERT_LN_EPS)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def forward(self, input_ids: torch.Tensor, position_offset: int = 0) -> torch.Tensor:
         t = input_ids.shape[1]
@@ -56,7 +57,7 @@ class BertLayer(nn.Module):
         self.ffn_in = nn.Linear(width, ffn_dim)
         self.ffn_out = nn.Linear(ffn_dim, width)
         self.ffn_norm = nn.LayerNorm(width, eps=BERT_LN_EPS)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def self_attention(self, x: torch.Tensor, bias: torch.Tensor | None = None,
                        kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
