@@ -15,10 +15,14 @@ from mplug_pretrain.models.mplug import MPLUG
 from tests.helpers import REPO_ROOT, call_mplug, read_log, run_mplug
 
 CONFIG = os.path.join(REPO_ROOT, "configs", "pretrain_tiny.yaml")
+# No dropout and lr 3e-4: the image-dependent labels (entailment vs contradiction) then reach 62.5 / 64.5 / 64.5 %
+# for run.seed 42 / 1 / 2 (2026-11-26). With dropout 0.1 and lr 1e-3 they ranged 50-69 over six seeds and
+# random streams, and one seed collapsed both onto one label: the test passed or failed by the draw.
 COMMON = ["data.train_shards=null", "model.vision.image_size=32", "data.num_workers=1",
-          "optim.warmup_steps=10", "optim.lr_rest=1e-3", "optim.lr_vision=1e-3", "run.tensorboard=false",
+          "model.text.dropout=0.0", "model.decoder.dropout=0.0",
+          "optim.warmup_steps=10", "optim.lr_rest=3e-4", "optim.lr_vision=3e-4", "run.tensorboard=false",
           "run.log_every=10", "eval.batch_size=100"]
-SNLI_VE_STEPS = 300  # 32 px, batch 32: 78% held-out (entailment 72, contradiction 63) when calibrated
+SNLI_VE_STEPS = 300  # 32 px, batch 32: overall 75-76 % held-out (neutral 100: the text alone tells it)
 
 
 def _shards(root: str, write, name: str, num: int, seed: int) -> str:
