@@ -7,9 +7,12 @@ same sizes, both in training mode (dropout 0.1), fp32, random weights, CPU.
   ``BertLMHeadModel(is_decoder=True, add_cross_attention=True)``: 12 layers, batch 8, 40 tokens, memory of
   257 image + 30 text states (the base preset's fused memory).
 Loss for both: sum of the encoder states / cross-entropy of the decoder logits on random labels, then backward.
-seconds = median over interleaved rounds (each round times every case once, so load changes hit all alike).
+seconds = median over 15 interleaved rounds (each round times every case once, ours and transformers back to
+back, which one first alternating by round, so load changes hit both alike); also each side's minimum (the
+figure least touched by other processes) and the median of the 15 per-round ratios.
 Rows: module, layers, batch, tokens, ours_seconds, transformers_seconds, ratio (transformers / ours; > 1 means
-we are faster), transformers_attn_implementation, rounds.
+we are faster), ours_min_seconds, transformers_min_seconds, ratio_of_min, ratio_per_round_median,
+transformers_attn_implementation, rounds.
 """
 from __future__ import annotations
 
@@ -84,7 +87,7 @@ def run(out: str, quick: bool = False) -> dict:
     vocab = 1000 if quick else VOCAB
     width, heads, ffn = (128, 2, 512) if quick else (768, 12, 3072)
     enc_layers, dec_layers = (2, 2) if quick else (6, 12)
-    rounds, warmup = (1, 0) if quick else (3, 1)
+    rounds, warmup = (1, 0) if quick else (15, 1)
     batch, enc_tokens, dec_tokens, memory_len = 8, 30, 40, 257 + 30
     cases: list[tuple[dict, Callable[[], None], Callable[[], None], object]] = [
         ({"module": "text_encoder", "layers": enc_layers, "batch": batch, "tokens": enc_tokens},
@@ -96,7 +99,8 @@ def run(out: str, quick: bool = False) -> dict:
     times = {(i, side): [] for i in range(len(cases)) for side in ("ours", "peer")}
     for round_index in range(warmup + rounds):
         for i, (_, run_ours, run_peer, _) in enumerate(cases):
-            for side, fn in (("ours", run_ours), ("peer", run_peer)):
+            sides = (("ours", run_ours), ("peer", run_peer))
+            for side, fn in sides if round_index % 2 else sides[::-1]:
                 start = time.perf_counter()
                 fn()
                 if round_index >= warmup:
@@ -104,8 +108,11 @@ def run(out: str, quick: bool = False) -> dict:
     rows = []
     for i, (fields, _, _, peer) in enumerate(cases):
         ours_s, peer_s = statistics.median(times[(i, "ours")]), statistics.median(times[(i, "peer")])
+        ours_min, peer_min = min(times[(i, "ours")]), min(times[(i, "peer")])
         rows.append({**fields, "width": width, "vocab": vocab, "ours_seconds": ours_s, "transformers_seconds": peer_s,
-                     "ratio": peer_s / ours_s,
+                     "ratio": peer_s / ours_s, "ours_min_seconds": ours_min, "transformers_min_seconds": peer_min,
+                     "ratio_of_min": peer_min / ours_min, "ratio_per_round_median": statistics.median(
+                         p / o for o, p in zip(times[(i, "ours")], times[(i, "peer")])),
                      "transformers_attn_implementation": peer.config._attn_implementation, "rounds": rounds})
     import transformers
     return write_bench("attention_peer", rows, out, quick=quick, transformers=transformers.__version__,

@@ -17,4 +17,7 @@ def test_quick_rows(tmp_path):
         for key in ("ours_seconds", "transformers_seconds"):
             assert math.isfinite(row[key]) and 0 < row[key] < 120
         assert row["ratio"] == pytest.approx(row["transformers_seconds"] / row["ours_seconds"])
+        assert row["ours_min_seconds"] <= row["ours_seconds"]
+        assert row["ratio_of_min"] == pytest.approx(row["transformers_min_seconds"] / row["ours_min_seconds"])
+        assert row["ratio_per_round_median"] == pytest.approx(row["ratio"])  # one round: its ratio is the ratio
         assert row["transformers_attn_implementation"] == "sdpa"
