@@ -13,7 +13,6 @@ evaluates <run_dir>/model on ``grounding.val_shards`` (eval/grounding_task.py) i
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +24,7 @@ from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.eval.box_metrics import paired_giou, xywh_to_xyxy
 from mplug_pretrain.models.grounding import CoordinateTokens, teacher_forced_logits
 from mplug_pretrain.train.checkpoint import TrainerState
+from mplug_pretrain.train.final_evaluation import evaluate_exported_model
 from mplug_pretrain.train.finetune_image_size import finetune_image_size, initial_model
 from mplug_pretrain.train.loop import TrainTask, run_training
 from mplug_pretrain.train.vqa_task import freeze_parts, freeze_pretraining_heads
@@ -81,18 +81,7 @@ def run(cfg: Config, resume: str | None = None) -> dict:
                                           losses=losses), resume=resume)["summary"]
     metrics: dict = {}
     if summary["exit"] == "finished" and g.val_shards:
-        metrics = _evaluate_final_model(cfg, tokenizer)
+        from mplug_pretrain.eval.grounding_task import evaluate_model
+        metrics = evaluate_exported_model(cfg, tokenizer, evaluate_model)
     return {"summary": summary, "metrics": metrics}
 
-
-def _evaluate_final_model(cfg: Config, tokenizer) -> dict:
-    from mplug_pretrain.eval.grounding_task import evaluate_model
-    from mplug_pretrain.models.mplug import MPLUG
-    from mplug_pretrain.utils.process_group import barrier, rank
-    metrics: dict = {}
-    if rank() == 0:
-        model_dir = os.path.join(cfg.run_dir, "model")
-        metrics = evaluate_model(MPLUG.from_pretrained(model_dir), cfg, tokenizer,
-                                 os.path.join(cfg.run_dir, "metrics.json"), checkpoint=model_dir)
-    barrier()
-    return metrics

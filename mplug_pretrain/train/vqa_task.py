@@ -15,7 +15,6 @@ and the fusion too. The shared loop (train/loop.py) does DeepSpeed, the schedule
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +25,7 @@ from mplug_pretrain.data.loader_spec import LoaderSpec
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.train.checkpoint import TrainerState
+from mplug_pretrain.train.final_evaluation import evaluate_exported_model
 from mplug_pretrain.train.finetune_image_size import finetune_image_size, initial_model
 from mplug_pretrain.train.loop import TrainTask, run_training
 
@@ -124,20 +124,7 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     summary = result["summary"]
     metrics: dict = {}
     if summary["exit"] == "finished" and cfg.vqa.val_shards:
-        metrics = _evaluate_final_model(cfg, tokenizer)
+        from mplug_pretrain.eval.vqa_task import evaluate_model
+        metrics = evaluate_exported_model(cfg, tokenizer, evaluate_model)
     return {"summary": summary, "metrics": metrics}
 
-
-def _evaluate_final_model(cfg: Config, tokenizer) -> dict:
-    """Rank 0 reloads <run_dir>/model (full precision, whatever the ZeRO stage) and evaluates it."""
-    from mplug_pretrain.eval.vqa_task import evaluate_model
-    from mplug_pretrain.models.mplug import MPLUG
-    from mplug_pretrain.utils.process_group import barrier, rank
-    metrics: dict = {}
-    if rank() == 0:
-        model_dir = os.path.join(cfg.run_dir, "model")
-        model = MPLUG.from_pretrained(model_dir)
-        metrics = evaluate_model(model, cfg, tokenizer, os.path.join(cfg.run_dir, "metrics.json"),
-                                 checkpoint=model_dir)
-    barrier()
-    return metrics
