@@ -1,6 +1,6 @@
 """`mplug demo`: the main job on the embedded default, on CPU, in minutes.
 
-    data_shards/ (made on first use) -> pretrain the tiny preset (ITC+ITM+MLM+PrefixLM, DeepSpeed)
+    data_shards/ (made on first use) -> pretrain the tiny preset (ITC+ITM+MLM+PrefixLM, DeepSpeed, 2 ranks)
     -> zero-shot image-text retrieval on held-out scenes -> caption fine-tuning (XE, then SCST)
     -> VQA fine-tuning on the real easy-vqa data -> zero-shot text-video retrieval on synthetic videos
     -> runs/demo/metrics.json, runs/demo/report.md (with held-out images, their captions and answers),
@@ -30,6 +30,12 @@ from mplug_pretrain.utils.resources import config_file
 DEMO_CONFIG = config_file("demo.yaml")
 
 QUICK_PRETRAIN = ["optim.max_steps=30", "optim.warmup_steps=5", "optim.alpha_warmup_steps=10", "run.log_every=10"]
+
+# Pretraining runs as `mplug pretrain --nproc 2` (torchrun, gloo, one thread per rank; data.batch_size is per
+# rank): one process with one thread left the second core idle, and two threads in one process are slower than
+# one here (README "CPU threads"). 2 ranks x 12 took a step in about half the time of 1 x 24 (bench/README.md,
+# "Demo recipe").
+PRETRAIN_RANKS = 2
 
 # Two lanes of stages, run side by side after pretraining (one process and one torch thread each: on 2 cores
 # that beats 2 threads in one process, README "CPU threads"); each stage(pretrained_dir, shards, run_root,
@@ -82,23 +88,23 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     import torch
 
     from mplug_pretrain.demo.shards import ensure_demo_shards
-    from mplug_pretrain.train.pretrain import run_pretrain
     from mplug_pretrain.train.run_log import plot_losses, read_log
-    torch.set_num_threads(1)  # with one loader worker beside it: both cores busy, none oversubscribed
+    torch.set_num_threads(1)  # one thread per process throughout the demo (README "CPU threads")
     start = time.time()
     shards = ensure_demo_shards(shards_root)
     _print_shard_summary(shards)
     timings = {"shards": time.time() - start}
-    cfg = load_config(DEMO_CONFIG, [f"data.train_shards={shards['pretrain_train']}", f"run.output_dir={out_root}",
-                                    f"data.tokenizer={shards['tokenizer']}",
-                                    f"model.text.vocab_size={vocab_size(shards['tokenizer'])}",
-                                    "run.name=pretrain", *(QUICK_PRETRAIN if quick else []),
-                                    *(overrides or [])])
+    pretrain_overrides = [f"data.train_shards={shards['pretrain_train']}", f"run.output_dir={out_root}",
+                          f"data.tokenizer={shards['tokenizer']}",
+                          f"model.text.vocab_size={vocab_size(shards['tokenizer'])}",
+                          "run.name=pretrain", *(QUICK_PRETRAIN if quick else []), *(overrides or [])]
+    cfg = load_config(DEMO_CONFIG, pretrain_overrides)  # a bad override fails here, before any rank starts
     if os.path.isdir(cfg.run_dir):
         shutil.rmtree(cfg.run_dir)  # the demo always starts from scratch
     print(f"[demo] pretraining the {cfg.model.preset} preset for {cfg.optim.max_steps} steps "
-          f"(batch {cfg.data.batch_size}, ZeRO-{cfg.distributed.zero_stage}, {cfg.distributed.precision})", flush=True)
-    run_pretrain(cfg)
+          f"({PRETRAIN_RANKS} ranks x batch {cfg.data.batch_size}, ZeRO-{cfg.distributed.zero_stage}, "
+          f"{cfg.distributed.precision})", flush=True)
+    _pretrain_on_ranks(pretrain_overrides)
     pretrained = os.path.join(cfg.run_dir, "model")
     timings["pretrain"] = time.time() - start - timings["shards"]
     metrics: dict = {}
@@ -129,6 +135,21 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     print(f"[demo] done in {metrics['total_seconds'] / 60:.1f} min: {out_root}/metrics.json, "
           f"{out_root}/report.md, {out_root}/plots/", flush=True)
     return metrics
+
+
+def _pretrain_on_ranks(overrides: list[str]) -> None:
+    """``mplug pretrain --config demo.yaml --nproc PRETRAIN_RANKS OVERRIDES`` in a child process (its output goes
+    to ours); raises if it fails."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}  # a fresh group of its own
+    env["OMP_NUM_THREADS"] = "1"
+    sys.stdout.flush()
+    command = [sys.executable, "-m", "mplug_pretrain", "pretrain", "--config", DEMO_CONFIG,
+               "--nproc", str(PRETRAIN_RANKS), *overrides]
+    if subprocess.run(command, env=env, check=False).returncode != 0:
+        raise RuntimeError(f"demo pretraining failed: {' '.join(command)}")
 
 
 def _mean(values: list[float]) -> float:
