@@ -36,6 +36,8 @@ QUICK_PRETRAIN = ["optim.max_steps=30", "optim.warmup_steps=5", "optim.alpha_war
 # one here (README "CPU threads"). 2 ranks x 12 took a step in about half the time of 1 x 24 (bench/README.md,
 # "Demo recipe").
 PRETRAIN_RANKS = 2
+# a process group's environment: the demo's child processes start groups of their own, never the parent's
+PROCESS_GROUP_VARIABLES = ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 # Two lanes of stages, run side by side after pretraining (one process and one torch thread each: on 2 cores
 # that beats 2 threads in one process, README "CPU threads"); each stage(pretrained_dir, shards, run_root,
@@ -53,7 +55,7 @@ def _run_lane(lane_index: int, pretrained: str, shards: dict, out_root: str, qui
 
     import torch
     torch.set_num_threads(1)
-    for key in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+    for key in PROCESS_GROUP_VARIABLES:
         os.environ.pop(key, None)  # the parent's single-rank group: each lane starts its own on a free port
     done = []
     with open(os.path.join(out_root, f"lane{lane_index}.log"), "w") as log:
@@ -142,8 +144,7 @@ def _pretrain_on_ranks(overrides: list[str]) -> None:
     to ours); raises if it fails."""
     import subprocess
     import sys
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                             "MASTER_PORT")}  # a fresh group of its own
+    env = {k: v for k, v in os.environ.items() if k not in PROCESS_GROUP_VARIABLES}
     env["OMP_NUM_THREADS"] = "1"
     sys.stdout.flush()
     command = [sys.executable, "-m", "mplug_pretrain", "pretrain", "--config", DEMO_CONFIG,

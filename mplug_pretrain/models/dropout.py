@@ -3,7 +3,8 @@
 ``dropout(x, p, training)``: zero each element with probability p, scale the others by 1 / (1 - p) (as
 ``F.dropout``). On CPU the mask is ``r >= round(p * 2^31)`` for r uniform 32-bit integers in [0, 2^31):
 torch's CPU ``bernoulli_`` costs about 5 ns an element, ``random_`` on int32 about 2 (bench/README.md,
-"Decoder fwd+bwd"); the keep probability is exact to 2^-31. Other devices use ``F.dropout`` (fused there).
+"Decoding and the decoder against transformers"); the keep probability is exact to 2^-31. Other devices use
+``F.dropout`` (fused there).
 
 ``attention_with_dropout(q, k, v, bias, p)``: softmax(q k^T / sqrt(d) + bias) with dropout on the probabilities,
 times v; q [B, H, T, d], k and v [B, H, S, d], bias broadcastable to [B, H, T, S] -> [B, H, T, d]. On CPU, SDPA
