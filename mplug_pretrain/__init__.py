@@ -10,11 +10,14 @@ Attributes are imported lazily, so ``import mplug_pretrain`` stays light.
 import os
 import sys
 
-if "torch" not in sys.modules:
-    # OpenMP's default active waiting makes torch's CPU threads spin against any other busy process: on a
-    # shared 2-core machine one competing process made a 2-thread tiny training step 17x slower, passive
-    # waiting 1.0x (README, "CPU threads"). It is read once, when torch loads; a user's setting wins.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if "torch" not in sys.modules and "OMP_WAIT_POLICY" not in os.environ:
+    # OpenMP's default waiting (spin ~300k turns, then sleep) makes torch's CPU threads spin against any other
+    # busy process: on a shared 2-core machine one competing process made a 2-thread tiny training step 17x
+    # slower. Sleeping at once costs a wake-up per operation instead (decoding ~30 % slower on a quiet
+    # machine); spinning 10k turns first keeps back-to-back operations awake and still yields under
+    # competition (README, "CPU threads"). Read once, when torch loads; a user's setting wins.
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 from mplug_pretrain.compat import ensure_torchvision_importable
 

@@ -51,6 +51,20 @@ def median_seconds(fn: Callable[[], None], repeats: int = 5, warmup: int = 1) ->
     return statistics.median(times)
 
 
+def interleaved_seconds(fns: dict[str, Callable[[], None]], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Wall times of each ``fns`` entry over ``rounds`` rounds, every round calling each once, the order reversed
+    every other round (a load change then hits every entry alike); ``warmup`` untimed rounds first."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    order = list(fns)
+    for round_index in range(warmup + rounds):
+        for name in order if round_index % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            fns[name]()
+            if round_index >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
 def write_bench(name: str, rows: list[dict], out: str, **extra) -> dict:
     """Write the bench JSON to ``out`` (a file, or a folder -> ``out/NAME.json``); returns it."""
     result = {"bench": name, "machine": machine_info(), "rows": rows, **extra}

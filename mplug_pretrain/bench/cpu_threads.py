@@ -1,17 +1,18 @@
 """`mplug bench cpu-threads`: torch's CPU threads on a machine that is doing something else too.
 
 Runs the same work in fresh processes (the OpenMP settings are read once, when torch loads) under each
-(OMP_WAIT_POLICY, threads) setting: libgomp's default (active spinning, then sleeping), ``PASSIVE`` (sleep at
-once), and 1 or all cores' threads; each with no competition and beside busy loops (one per core, the
-"CPU hog" of issue 28), in interleaved rounds. Two kinds of work:
+(wait policy, threads) setting: libgomp's default (spin ~300k turns, then sleep), ``PASSIVE`` (sleep at
+once), ``PASSIVE+spin10k`` (OMP_WAIT_POLICY=PASSIVE with GOMP_SPINCOUNT=10000: spin 10k turns, then sleep;
+what ``import mplug_pretrain`` sets), and 1 or all cores' threads; each with no competition and beside busy
+loops (one per core, the "CPU hog" of issue 28), in interleaved rounds. Two kinds of work:
 
     step    forward + backward of the tiny preset's pretraining loss (batch 24, 64 px, the demo's 268-word
             vocabulary), ``STEPS`` times: the demo's many small operations
     matmul  ``MATMULS`` products of two 256 x 256 fp32 matrices: one large operation at a time
 
-Rows: work, policy ("default" | "PASSIVE"), threads, hog (busy loops beside it), seconds (one round),
-round. ``mplug_pretrain/__init__.py`` sets ``OMP_WAIT_POLICY=PASSIVE`` unless the user chose one, because of
-what this measures; the load average before and after is recorded with the rows.
+Rows: work, policy (a ``POLICIES`` name), threads, hog (busy loops beside it), seconds (one round), round.
+``mplug_pretrain/__init__.py`` sets PASSIVE+spin10k unless the user chose a policy, because of what this
+measures; the load average before and after is recorded with the rows.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import time
 from mplug_pretrain.bench.common import write_bench
 
 STEPS, MATMULS = 4, 2000
+POLICIES = {"default": {}, "PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"},
+            "PASSIVE+spin10k": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"}}
 _WORK = r"""
 import sys, time, torch
 torch.set_num_threads(int(sys.argv[2]))
@@ -48,9 +51,8 @@ print(time.perf_counter() - start)
 
 
 def _timed(work: str, policy: str, threads: int, steps: int, matmuls: int) -> float:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
-    if policy != "default":
-        env["OMP_WAIT_POLICY"] = policy
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
+    env.update(POLICIES[policy])
     code = _WORK.format(steps=steps, matmuls=matmuls)
     out = subprocess.run([sys.executable, "-c", code, work, str(threads)], env=env, capture_output=True,
                          text=True, check=True)
@@ -64,7 +66,7 @@ def _busy_loops(count: int) -> list[subprocess.Popen]:
 def run(out: str, quick: bool = False) -> dict:
     cores = os.cpu_count() or 1
     steps, matmuls, rounds = (1, 200, 1) if quick else (STEPS, MATMULS, 2)
-    settings = [(policy, threads) for policy in ("default", "PASSIVE") for threads in sorted({1, cores})]
+    settings = [(policy, threads) for policy in POLICIES for threads in sorted({1, cores})]
     load_before = os.getloadavg()
     rows = []
     for round_index in range(rounds):

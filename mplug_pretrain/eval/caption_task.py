@@ -27,22 +27,25 @@ from mplug_pretrain.config import Config
 from mplug_pretrain.eval.common import beside_metrics, load_eval_model, metrics_path, write_metrics
 from mplug_pretrain.models.generation_settings import GENERATION_FILE, GenerationSettings  # noqa: F401 (re-export)
 from mplug_pretrain.models.inference import caption_images
+from mplug_pretrain.models.packed_decoding import packed_for_decoding
 from mplug_pretrain.utils import process_group
 
 
 def generate_captions(model: nn.Module, loader, tokenizer, settings: GenerationSettings,
                       device: torch.device) -> tuple[dict[int, str], dict[int, list[str]]]:
-    """-> ({image_id: caption}, {image_id: reference captions}) for the real (non-padding) images."""
+    """-> ({image_id: caption}, {image_id: reference captions}) for the real (non-padding) images.
+    The decoder's weights are packed once for the pass where that applies (models.packed_decoding)."""
     predictions, references = {}, {}
-    for batch in loader:
-        keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
-        if not keep:
-            continue
-        captions = caption_images(model, batch["image"][keep].to(device), tokenizer, settings)
-        for i, caption in zip(keep, captions):
-            image_id = int(batch["image_id"][i])
-            predictions[image_id] = caption
-            references[image_id] = list(batch["captions"][i])
+    with torch.no_grad(), packed_for_decoding(model.decoder) as decoder:
+        for batch in loader:
+            keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
+            if not keep:
+                continue
+            captions = caption_images(model, batch["image"][keep].to(device), tokenizer, settings, decoder)
+            for i, caption in zip(keep, captions):
+                image_id = int(batch["image_id"][i])
+                predictions[image_id] = caption
+                references[image_id] = list(batch["captions"][i])
     return predictions, references
 
 

@@ -36,6 +36,7 @@ from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa, write_vqa_submission
 from mplug_pretrain.eval.vqa_ranking import rank_answers
 from mplug_pretrain.models.generation_settings import AnswerSettings
 from mplug_pretrain.models.inference import decode_generated
+from mplug_pretrain.models.packed_decoding import packed_for_decoding
 
 
 class AnswerPredictor:
@@ -54,28 +55,31 @@ class AnswerPredictor:
             self.answer_ids, self.answer_mask = tokenize(tokenizer, answer_list, settings.max_length + 1)
 
     @torch.no_grad()
-    def __call__(self, image: torch.Tensor, question_ids: torch.Tensor, question_mask: torch.Tensor) -> list[str]:
+    def __call__(self, image: torch.Tensor, question_ids: torch.Tensor, question_mask: torch.Tensor,
+                 decoder: nn.Module | None = None) -> list[str]:
+        """``decoder``: the one generation uses (default ``model.decoder``; ``answer_questions`` packs it)."""
         memory, memory_mask = self.model.memory(image, question_ids, question_mask)
         if self.inference == "rank":
             best = rank_answers(self.model, memory, memory_mask, self.answer_ids, self.answer_mask, self.rank_k)[:, 0]
             return [self.answer_list[i] for i in best.tolist()]
-        out = self.settings.beam_search(self.model.decoder, memory, memory_mask)
+        out = self.settings.beam_search(self.model.decoder if decoder is None else decoder, memory, memory_mask)
         return decode_generated(self.tokenizer, out.sequences[:, 0])
 
 
 def answer_questions(predictor: AnswerPredictor, loader, device: torch.device, autocast=None) -> list[dict]:
     """-> one record per real question: question_id, question, answer, all_answers (human answers)."""
     records = []
-    for batch in loader:
-        keep, rows = real_rows(batch)
-        if not keep:
-            continue
-        with autocast or contextlib.nullcontext():
-            answers = predictor(batch["image"][rows].to(device), batch["question_input_ids"][rows].to(device),
-                                batch["question_attention_mask"][rows].to(device))
-        for i, answer in zip(keep, answers):
-            records.append({"question_id": batch["question_id"][i], "question": batch["question"][i],
-                            "answer": answer, "all_answers": batch["all_answers"][i]})
+    with torch.no_grad(), packed_for_decoding(predictor.model.decoder) as decoder:  # weights fixed for the pass
+        for batch in loader:
+            keep, rows = real_rows(batch)
+            if not keep:
+                continue
+            with autocast or contextlib.nullcontext():
+                answers = predictor(batch["image"][rows].to(device), batch["question_input_ids"][rows].to(device),
+                                    batch["question_attention_mask"][rows].to(device), decoder)
+            for i, answer in zip(keep, answers):
+                records.append({"question_id": batch["question_id"][i], "question": batch["question"][i],
+                                "answer": answer, "all_answers": batch["all_answers"][i]})
     return records
 
 

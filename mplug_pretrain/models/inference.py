@@ -31,12 +31,15 @@ def decode_generated(tokenizer, sequences: torch.Tensor) -> list[str]:
 
 
 @torch.no_grad()
-def caption_images(model, images: torch.Tensor, tokenizer, settings: GenerationSettings) -> list[str]:
-    """images [B, 3, H, W] (eval transform) -> B captions by beam search."""
+def caption_images(model, images: torch.Tensor, tokenizer, settings: GenerationSettings,
+                   decoder: torch.nn.Module | None = None) -> list[str]:
+    """images [B, 3, H, W] (eval transform) -> B captions by beam search with ``decoder`` (default
+    ``model.decoder``; an evaluation pass gives ``packed_decoding.packed_for_decoding(model.decoder)``)."""
     ids, mask = tokenize(tokenizer, [settings.prompt], PROMPT_MAX_TOKENS)
     ids, mask = ids.to(images.device).expand(images.shape[0], -1), mask.to(images.device).expand(images.shape[0], -1)
     memory, memory_mask = model.memory(images, ids, mask)
-    return decode_generated(tokenizer, settings.beam_search(model.decoder, memory, memory_mask).sequences[:, 0])
+    decoder = model.decoder if decoder is None else decoder
+    return decode_generated(tokenizer, settings.beam_search(decoder, memory, memory_mask).sequences[:, 0])
 
 
 class InferenceMixin:

@@ -36,6 +36,9 @@ def test_generate_bench_rows(tmp_path):
     assert {(r["decoder"], r["beam"], r["cache"]) for r in ours} == {
         (d, b, c) for d in ("bert", "expansion", "acf") for b in (1, 3, 5) for c in (True, False)}
     assert {(r["beam"], r["cache"]) for r in theirs} == {(b, c) for b in (1, 3, 5) for c in (True, False)}
+    cached_bert = [r for r in ours if r["decoder"] == "bert" and r["cache"]]  # packed and plain per beam width
+    assert sorted((r["beam"], r["packed"]) for r in cached_bert) == [(b, p) for b in (1, 3, 5) for p in (False, True)]
+    assert all(r["first_call_captions_per_s"] > 0 for r in cached_bert if r["packed"])
     assert all(r["captions_per_s"] > 0 and r["parameters"] > 0 for r in rows)
     with open(out) as f:
         assert json.load(f)["bench"] == "generate"

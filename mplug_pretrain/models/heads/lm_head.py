@@ -19,8 +19,16 @@ class LMPredictionHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(vocab_size))
         self.weight = None if tied else nn.Parameter(torch.randn(vocab_size, width) * 0.02)
 
-    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor | None = None) -> torch.Tensor:
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LN(GELU(W h + b)): [..., D] -> [..., D]."""
+        return self.norm(F.gelu(self.transform(hidden)))
+
+    def vocab_weight(self, word_embeddings: torch.Tensor | None) -> torch.Tensor:
+        """The [V, D] matrix of the vocabulary projection: its own, or the word embeddings when tied."""
         weight = self.weight if self.weight is not None else word_embeddings
         if weight is None:
             raise ValueError("a tied LMPredictionHead needs the word-embedding matrix")
-        return F.linear(self.norm(F.gelu(self.transform(hidden))), weight, self.bias)
+        return weight
+
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(self.features(hidden), self.vocab_weight(word_embeddings), self.bias)
