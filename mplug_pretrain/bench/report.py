@@ -90,14 +90,22 @@ def comparison_rows(results: str) -> tuple[list[list[str]], list[str]]:
                             _fmt(o["seconds_per_100"], " s"), f"{peer} {_fmt(p['seconds_per_100'], ' s')}",
                             p["seconds_per_100"] / o["seconds_per_100"], r, "fusion")
     if (r := _load(results, "generate")):
-        by = {(row["implementation"], row["decoder"], row["beam"], row["cache"]): row for row in r["rows"]}
+        # packed: True / False for ours with the cache since packed decoding (None before it and for the peer)
+        by = {(row["implementation"], row["decoder"], row["beam"], row["cache"], row.get("packed")): row
+              for row in r["rows"]}
         for beam in sorted({row["beam"] for row in r["rows"]}):
-            cached, uncached = by.get(("ours", "bert", beam, True)), by.get(("ours", "bert", beam, False))
+            cached = by.get(("ours", "bert", beam, True, True)) or by.get(("ours", "bert", beam, True, None))
+            plain = by.get(("ours", "bert", beam, True, False))
+            uncached = by.get(("ours", "bert", beam, False, None))
+            if cached and plain:
+                add("generation", f"bert decoder, beam {beam}, cached: packed vs plain weights (captions/s)",
+                    _fmt(cached["captions_per_s"]), f"plain {_fmt(plain['captions_per_s'])}",
+                    cached["captions_per_s"] / plain["captions_per_s"], r, "generate")
             if cached and uncached:
                 add("generation", f"bert decoder, beam {beam}: cached vs uncached (captions/s)",
                     _fmt(cached["captions_per_s"]), f"uncached {_fmt(uncached['captions_per_s'])}",
                     cached["captions_per_s"] / uncached["captions_per_s"], r, "generate")
-            peer = by.get(("transformers", "bert", beam, True))
+            peer = by.get(("transformers", "bert", beam, True, None))
             if cached and peer:
                 add("generation", f"bert decoder, beam {beam}, cached: ours vs transformers generate (captions/s)",
                     _fmt(cached["captions_per_s"]), f"transformers {_fmt(peer['captions_per_s'])}",
@@ -158,12 +166,14 @@ def make_plots(results: str, plots: str) -> list[str]:
         made.append("fusion_vs_visual_tokens.png")
     if (r := _load(results, "generate")):
         fig, ax = plt.subplots(figsize=(6, 4))
-        keys = list(dict.fromkeys((row["implementation"], row["decoder"], row["cache"]) for row in r["rows"]))
-        for impl, dec, cache in keys:
+        def key(row: dict) -> tuple:
+            return row["implementation"], row["decoder"], row["cache"], row.get("packed")
+        for impl, dec, cache, packed in dict.fromkeys(key(row) for row in r["rows"]):
             pts = sorted((row["beam"], row["captions_per_s"]) for row in r["rows"]
-                         if (row["implementation"], row["decoder"], row["cache"]) == (impl, dec, cache))
+                         if key(row) == (impl, dec, cache, packed))
+            weights = {True: " packed", False: " plain", None: ""}[packed]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="-" if cache else ":",
-                    label=f"{impl} {dec} {'cached' if cache else 'uncached'}")
+                    label=f"{impl} {dec} {'cached' if cache else 'uncached'}{weights}")
         ax.set(xlabel="beam size", ylabel="captions / s", yscale="log", title="Decoding speed vs beam")
         ax.legend(fontsize=7)
         fig.tight_layout()

@@ -33,3 +33,19 @@ def test_report_rows_ratios_and_plots(tmp_path):
     assert "0.80x" in attention and "ZeRO-3 vs ZeRO-0" in memory and "2.00x" in memory
     assert "Rows where ours is behind: attention" in text and "a finding" in text
     assert (tmp_path / "plots" / "train_step_vs_zero_stage.png").stat().st_size > 1000
+
+
+def test_generation_rows_compare_the_packed_decoder_with_transformers_and_with_plain_weights(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    row = {"implementation": "ours", "decoder": "bert", "beam": 1, "cache": True, "parameters": 10}
+    _write(results, "generate", [{**row, "captions_per_s": 6.0, "packed": True, "first_call_captions_per_s": 5.0},
+                                 {**row, "captions_per_s": 4.0, "packed": False},
+                                 {**row, "implementation": "transformers", "captions_per_s": 3.0}])
+    text = write_report(str(results), str(tmp_path / "README.md"), str(tmp_path / "plots"), "a finding")
+    rows = [line for line in text.splitlines() if line.startswith("| generation")]
+    assert len(rows) == 2
+    packed_vs_plain, versus_peer = sorted(rows, key=lambda line: "transformers" in line)
+    assert "packed vs plain" in packed_vs_plain and "1.50x" in packed_vs_plain
+    assert "| 6 |" in versus_peer and "transformers 3" in versus_peer and "2.00x" in versus_peer
+    assert (tmp_path / "plots" / "decode_speed_vs_beam.png").stat().st_size > 1000
