@@ -37,22 +37,25 @@ log = logging.getLogger(__name__)
 
 @torch.no_grad()
 def caption_videos(model, tokenizer, cfg, encoded) -> tuple[dict[str, str], dict[str, list[str]]]:
-    """-> ({video id: generated caption}, {video id: reference captions}) for every encoded video."""
+    """-> ({video id: generated caption}, {video id: reference captions}) for every encoded video
+    (the decoder's weights packed once for the pass where that applies: models.packed_decoding)."""
     from mplug_pretrain.data.tokenizer import tokenize
     from mplug_pretrain.models.inference import decode_generated
+    from mplug_pretrain.models.packed_decoding import packed_for_decoding
     e = cfg.eval
     prompt_ids, prompt_mask = tokenize(tokenizer, [e.generation.prompt], e.max_text_len)
     predictions, references = {}, {}
-    for records, states, _ in encoded:
-        b = states.shape[0]
-        ids, mask = prompt_ids.to(states.device).expand(b, -1), prompt_mask.to(states.device).expand(b, -1)
-        memory, memory_mask = model.memory_from_states(states, None, ids, mask)
-        out = e.generation.beam_search(model.decoder, memory, memory_mask)
-        for record, caption in zip(records, decode_generated(tokenizer, out.sequences[:, 0])):
-            if record.video_id in predictions:
-                raise DataError(f"video id {record.video_id!r} appears twice in the evaluated set")
-            predictions[record.video_id] = caption
-            references[record.video_id] = list(record.captions)
+    with packed_for_decoding(model.decoder) as decoder:
+        for records, states, _ in encoded:
+            b = states.shape[0]
+            ids, mask = prompt_ids.to(states.device).expand(b, -1), prompt_mask.to(states.device).expand(b, -1)
+            memory, memory_mask = model.memory_from_states(states, None, ids, mask)
+            out = e.generation.beam_search(decoder, memory, memory_mask)
+            for record, caption in zip(records, decode_generated(tokenizer, out.sequences[:, 0])):
+                if record.video_id in predictions:
+                    raise DataError(f"video id {record.video_id!r} appears twice in the evaluated set")
+                predictions[record.video_id] = caption
+                references[record.video_id] = list(record.captions)
     return predictions, references
 
 

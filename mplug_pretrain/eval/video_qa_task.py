@@ -124,7 +124,9 @@ class VideoAnswerer:
             self.answer_ids, self.answer_mask = tokenize(tokenizer, answer_list, e.max_text_len)
 
     @torch.no_grad()
-    def __call__(self, video_states: torch.Tensor, questions: list[str]) -> list[str]:
+    def __call__(self, video_states: torch.Tensor, questions: list[str],
+                 decoder: torch.nn.Module | None = None) -> list[str]:
+        """``decoder``: the one generation uses (default ``model.decoder``; ``answer_videos`` packs it)."""
         from mplug_pretrain.data.tokenizer import tokenize
         from mplug_pretrain.eval.vqa_ranking import rank_answers
         from mplug_pretrain.models.inference import decode_generated
@@ -136,22 +138,24 @@ class VideoAnswerer:
             best = rank_answers(self.model, memory, memory_mask, self.answer_ids, self.answer_mask,
                                 self.e.rank_k)
             return [self.answer_list[i] for i in best[:, 0].tolist()]
-        out = self.e.generation.beam_search(self.model.decoder, memory, memory_mask)
+        out = self.e.generation.beam_search(self.model.decoder if decoder is None else decoder, memory, memory_mask)
         return decode_generated(self.tokenizer, out.sequences[:, 0])
 
 
 def answer_videos(answerer: VideoAnswerer, encoded, batch_size: int) -> tuple[list[dict], int]:
     """-> (one record per answered question, number of videos answered)."""
+    from mplug_pretrain.models.packed_decoding import packed_for_decoding
     predictions, videos = [], 0
-    for records, states, _ in encoded:
-        rows = [(b, q) for b, record in enumerate(records) for q in record.qa]
-        videos += sum(1 for r in records if r.qa)
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start:start + batch_size]
-            index = torch.tensor([b for b, _ in chunk], device=states.device)
-            answers = answerer(states[index], [q["question"] for _, q in chunk])
-            predictions += [{"video_id": records[b].video_id, "question": q["question"],
-                             "answer": q["answer"], "prediction": a} for (b, q), a in zip(chunk, answers)]
+    with torch.no_grad(), packed_for_decoding(answerer.model.decoder) as decoder:  # weights fixed for the pass
+        for records, states, _ in encoded:
+            rows = [(b, q) for b, record in enumerate(records) for q in record.qa]
+            videos += sum(1 for r in records if r.qa)
+            for start in range(0, len(rows), batch_size):
+                chunk = rows[start:start + batch_size]
+                index = torch.tensor([b for b, _ in chunk], device=states.device)
+                answers = answerer(states[index], [q["question"] for _, q in chunk], decoder)
+                predictions += [{"video_id": records[b].video_id, "question": q["question"],
+                                 "answer": q["answer"], "prediction": a} for (b, q), a in zip(chunk, answers)]
     return predictions, videos
 
 
