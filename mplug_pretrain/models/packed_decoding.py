@@ -57,7 +57,9 @@ class PackedProduct:
         if (not self.active or torch.is_grad_enabled() or x.dtype != torch.float32
                 or torch.is_autocast_enabled(x.device.type)):
             return F.linear(x, weight, bias)
-        rows = x.numel() // x.shape[-1]
+        rows = x.numel() // max(x.shape[-1], 1)
+        if rows == 0:  # an empty batch: nothing worth packing for
+            return F.linear(x, weight, bias)
         if self.packed is None or self.source is not weight:
             self.rows, self.source = rows, weight
             self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)

@@ -16,6 +16,7 @@ from torch import nn
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.eval.caption_task import gather_to_all
 from mplug_pretrain.models.generation import sample
+from mplug_pretrain.models.packed_decoding import packed_for_decoding
 from mplug_pretrain.train.scst import CiderDReward, decode_samples
 from mplug_pretrain.utils import process_group
 
@@ -28,21 +29,22 @@ def sampled_cider_d(model: nn.Module, loader, tokenizer, prompt: str, device: to
     generator = torch.Generator(device=device).manual_seed(seed * 1000 + process_group.rank())
     prompt_ids, prompt_mask = (t.to(device) for t in tokenize(tokenizer, [prompt], 512))
     samples, references = {}, {}  # (image_id, j) -> (text, finished)
-    for batch in loader:
-        keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
-        if not keep:
-            continue
-        n = len(keep)
-        memory, memory_mask = model.memory(batch["image"][keep].to(device), prompt_ids.expand(n, -1),
-                                           prompt_mask.expand(n, -1))
-        sequences, _ = sample(model.decoder, memory, memory_mask, num_samples=k, max_length=max_length,
-                              generator=generator)
-        texts, finished = decode_samples(tokenizer, sequences)
-        image_ids = [int(batch["image_id"][i]) for i in keep]
-        for i, image_id in zip(keep, image_ids):
-            references[image_id] = list(batch["captions"][i])
-        for row, (text, done) in enumerate(zip(texts, finished)):
-            samples[(image_ids[row // k], row % k)] = (text, done)
+    with packed_for_decoding(model.decoder) as decoder:  # weights fixed for the pass
+        for batch in loader:
+            keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
+            if not keep:
+                continue
+            n = len(keep)
+            memory, memory_mask = model.memory(batch["image"][keep].to(device), prompt_ids.expand(n, -1),
+                                               prompt_mask.expand(n, -1))
+            sequences, _ = sample(decoder, memory, memory_mask, num_samples=k, max_length=max_length,
+                                  generator=generator)
+            texts, finished = decode_samples(tokenizer, sequences)
+            image_ids = [int(batch["image_id"][i]) for i in keep]
+            for i, image_id in zip(keep, image_ids):
+                references[image_id] = list(batch["captions"][i])
+            for row, (text, done) in enumerate(zip(texts, finished)):
+                samples[(image_ids[row // k], row % k)] = (text, done)
     samples, references = gather_to_all(samples, references)
     if not samples:
         raise ValueError("sampled_cider_d: the loader gave no real image")

@@ -52,6 +52,16 @@ def test_packed_beam_search_equals_plain_over_batches_of_two_sizes(kind, beam):
         torch.testing.assert_close(a.scores, b.scores, rtol=0, atol=1e-5)
 
 
+def test_an_empty_input_packs_nothing_and_the_next_one_packs_for_its_rows():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(WIDTH, 5).eval()
+    x = torch.randn(3, WIDTH)
+    with torch.no_grad(), packed_for_decoding(linear) as fast:
+        assert fast(torch.empty(0, WIDTH)).shape == (0, 5) and fast.product.packed is None
+        torch.testing.assert_close(fast(x), linear(x), rtol=0, atol=1e-6)
+        assert fast.product.packed is not None and fast.product.rows == 3
+
+
 def test_the_packed_copies_live_only_inside_the_block_and_share_the_parameters():
     decoder = make_decoder("bert")
     keys = set(decoder.state_dict())
