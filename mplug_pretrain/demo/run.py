@@ -1,6 +1,6 @@
 """`mplug demo`: the main job on the embedded default, on CPU, in minutes.
 
-    data_shards/ (made on first use) -> pretrain the tiny preset (ITC+ITM+MLM+PrefixLM, DeepSpeed, 1 rank)
+    data_shards/ (made on first use) -> pretrain the tiny preset (ITC+ITM+MLM+PrefixLM, DeepSpeed, 2 ranks)
     -> zero-shot image-text retrieval on held-out scenes -> caption fine-tuning (XE, then SCST)
     -> VQA fine-tuning on the real easy-vqa data -> zero-shot text-video retrieval on synthetic videos
     -> runs/demo/metrics.json, runs/demo/report.md (with held-out images, their captions and answers),
@@ -31,14 +31,11 @@ DEMO_CONFIG = config_file("demo.yaml")
 
 QUICK_PRETRAIN = ["optim.max_steps=30", "optim.warmup_steps=5", "optim.alpha_warmup_steps=10", "run.log_every=10"]
 
-# Pretraining runs as `mplug pretrain` in a child process with one rank of 24 and a thread per core (up to 4:
-# the tiny model's products gain nothing from more). With OpenMP spinning briefly before it sleeps (README "CPU
-# threads") 700 steps took 153 s on 2 cores, as long as 2 ranks x 12 with one thread each (148 s), and held-out
-# retrieval R@1 reached 43.9 instead of 27.0: ITC's in-batch negatives and ITM's hard negatives come from a
-# rank's own batch (as in ALBEF / mPLUG), and 1 rank x 12 for 1400 steps gave 23.0 (bench/README.md "Demo on
-# one rank again").
-PRETRAIN_RANKS = 1
-PRETRAIN_THREADS = min(os.cpu_count() or 1, 4)
+# Pretraining runs as `mplug pretrain --nproc 2` (torchrun, gloo, one thread per rank; data.batch_size is per
+# rank): one process with one thread left the second core idle. One rank of 24 with two threads (OpenMP's short
+# spin, README "CPU threads") is as fast and retrieves better, but its captioner lost beam CIDEr-D under SCST
+# on a fresh clone (bench/README.md "Demo: one rank of 24 with two threads"), so the demo keeps two ranks.
+PRETRAIN_RANKS = 2
 # a process group's environment: the demo's child processes start groups of their own, never the parent's
 PROCESS_GROUP_VARIABLES = ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -107,8 +104,7 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     if os.path.isdir(cfg.run_dir):
         shutil.rmtree(cfg.run_dir)  # the demo always starts from scratch
     print(f"[demo] pretraining the {cfg.model.preset} preset for {cfg.optim.max_steps} steps "
-          f"({PRETRAIN_RANKS} rank(s) x batch {cfg.data.batch_size}, {PRETRAIN_THREADS} thread(s), "
-          f"ZeRO-{cfg.distributed.zero_stage}, "
+          f"({PRETRAIN_RANKS} ranks x batch {cfg.data.batch_size}, ZeRO-{cfg.distributed.zero_stage}, "
           f"{cfg.distributed.precision})", flush=True)
     _pretrain_on_ranks(pretrain_overrides)
     pretrained = os.path.join(cfg.run_dir, "model")
@@ -149,7 +145,7 @@ def _pretrain_on_ranks(overrides: list[str]) -> None:
     import subprocess
     import sys
     env = {k: v for k, v in os.environ.items() if k not in PROCESS_GROUP_VARIABLES}
-    env["OMP_NUM_THREADS"] = str(PRETRAIN_THREADS)
+    env["OMP_NUM_THREADS"] = "1"
     sys.stdout.flush()
     command = [sys.executable, "-m", "mplug_pretrain", "pretrain", "--config", DEMO_CONFIG,
                "--nproc", str(PRETRAIN_RANKS), *overrides]
