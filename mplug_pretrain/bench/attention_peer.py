@@ -7,9 +7,10 @@ same sizes, both in training mode (dropout 0.1), fp32, random weights, CPU.
   ``BertLMHeadModel(is_decoder=True, add_cross_attention=True)``: 12 layers, batch 8, 40 tokens, memory of
   257 image + 30 text states (the base preset's fused memory).
 Loss for both: sum of the encoder states / cross-entropy of the decoder logits on random labels, then backward.
-seconds = median over 15 interleaved rounds (each round times every case once, ours and transformers back to
-back, which one first alternating by round, so load changes hit both alike); also each side's minimum (the
-figure least touched by other processes) and the median of the 15 per-round ratios.
+seconds = median over 15 interleaved rounds (``bench.common.interleaved_seconds``: each round times every case
+once, ours and transformers back to back, the order reversed every other round, so load changes hit both
+alike); also each side's minimum (the figure least touched by other processes) and the median of the 15
+per-round ratios.
 Rows: module, layers, batch, tokens, ours_seconds, transformers_seconds, ratio (transformers / ours; > 1 means
 we are faster), ours_min_seconds, transformers_min_seconds, ratio_of_min, ratio_per_round_median,
 transformers_attn_implementation, rounds.
@@ -17,13 +18,12 @@ transformers_attn_implementation, rounds.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from mplug_pretrain.bench.common import write_bench
+from mplug_pretrain.bench.common import interleaved_seconds, write_bench
 from mplug_pretrain.models.bert_decoder import BertDecoder
 from mplug_pretrain.models.model_config import DecoderConfig
 from mplug_pretrain.models.text import TextEncoder
@@ -96,15 +96,9 @@ def run(out: str, quick: bool = False) -> dict:
           "memory_tokens": memory_len}, *_decoder_cases(width, heads, ffn, dec_layers, batch, dec_tokens, memory_len,
                                                           vocab)),
     ]
-    times = {(i, side): [] for i in range(len(cases)) for side in ("ours", "peer")}
-    for round_index in range(warmup + rounds):
-        for i, (_, run_ours, run_peer, _) in enumerate(cases):
-            sides = (("ours", run_ours), ("peer", run_peer))
-            for side, fn in sides if round_index % 2 else sides[::-1]:
-                start = time.perf_counter()
-                fn()
-                if round_index >= warmup:
-                    times[(i, side)].append(time.perf_counter() - start)
+    fns = {(i, side): fn for i, (_, run_ours, run_peer, _) in enumerate(cases)
+           for side, fn in (("peer", run_peer), ("ours", run_ours))}
+    times = interleaved_seconds(fns, rounds=rounds, warmup=warmup)
     rows = []
     for i, (fields, _, _, peer) in enumerate(cases):
         ours_s, peer_s = statistics.median(times[(i, "ours")]), statistics.median(times[(i, "peer")])

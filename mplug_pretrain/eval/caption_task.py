@@ -36,7 +36,7 @@ def generate_captions(model: nn.Module, loader, tokenizer, settings: GenerationS
     """-> ({image_id: caption}, {image_id: reference captions}) for the real (non-padding) images.
     The decoder's weights are packed once for the pass where that applies (models.packed_decoding)."""
     predictions, references = {}, {}
-    with torch.no_grad(), packed_for_decoding(model.decoder) as decoder:
+    with packed_for_decoding(model.decoder) as decoder:
         for batch in loader:
             keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
             if not keep:

@@ -146,7 +146,7 @@ def answer_videos(answerer: VideoAnswerer, encoded, batch_size: int) -> tuple[li
     """-> (one record per answered question, number of videos answered)."""
     from mplug_pretrain.models.packed_decoding import packed_for_decoding
     predictions, videos = [], 0
-    with torch.no_grad(), packed_for_decoding(answerer.model.decoder) as decoder:  # weights fixed for the pass
+    with packed_for_decoding(answerer.model.decoder) as decoder:  # weights fixed for the pass
         for records, states, _ in encoded:
             rows = [(b, q) for b, record in enumerate(records) for q in record.qa]
             videos += sum(1 for r in records if r.qa)

@@ -69,7 +69,7 @@ class AnswerPredictor:
 def answer_questions(predictor: AnswerPredictor, loader, device: torch.device, autocast=None) -> list[dict]:
     """-> one record per real question: question_id, question, answer, all_answers (human answers)."""
     records = []
-    with torch.no_grad(), packed_for_decoding(predictor.model.decoder) as decoder:  # weights fixed for the pass
+    with packed_for_decoding(predictor.model.decoder) as decoder:  # weights fixed for the pass
         for batch in loader:
             keep, rows = real_rows(batch)
             if not keep:
