@@ -1,0 +1,1 @@
+"""Sample formats: how a raw tar sample is decoded and batched, image and video decoding, the shard manifest."""

@@ -1,0 +1,1 @@
+"""Procedural demo data: scenes of coloured shapes with captions, statements, referring expressions, videos."""

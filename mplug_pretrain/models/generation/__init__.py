@@ -1,0 +1,1 @@
+"""Decoding: beam search, sampling, sequence scoring, answer ranking, decoding settings, packed CPU weights."""

@@ -1,0 +1,1 @@
+"""Layer utilities shared by the towers: attention, dropout, activation checkpointing, init, EMA."""

@@ -1,0 +1,1 @@
+"""Classification tasks on the fused [CLS]: SNLI-VE and NLVR2."""

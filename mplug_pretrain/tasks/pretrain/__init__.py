@@ -1,0 +1,1 @@
+"""Pretraining: ITC + ITM + MLM + PrefixLM on image-text shards (`mplug pretrain`)."""

@@ -1,0 +1,1 @@
+"""Visual question answering: generative fine-tuning and evaluation (VQA v2 accuracy)."""
