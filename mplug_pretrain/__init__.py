@@ -28,9 +28,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "create_model_and_transforms": ("mplug_pretrain.factory", "create_model_and_transforms"),
     "MPLUG": ("mplug_pretrain.models.mplug", "MPLUG"),
-    "Preprocessing": ("mplug_pretrain.models.preprocessing", "Preprocessing"),
-    "GenerationSettings": ("mplug_pretrain.models.generation_settings", "GenerationSettings"),
-    "AnswerSettings": ("mplug_pretrain.models.generation_settings", "AnswerSettings"),
+    "Preprocessing": ("mplug_pretrain.models.folder.preprocessing", "Preprocessing"),
+    "GenerationSettings": ("mplug_pretrain.models.generation.settings", "GenerationSettings"),
+    "AnswerSettings": ("mplug_pretrain.models.generation.settings", "AnswerSettings"),
     "load_tokenizer": ("mplug_pretrain.data.tokenizer", "load_tokenizer"),
 }
 __all__ = [

@@ -26,7 +26,7 @@ from mplug_pretrain.config_loader import (
     to_dict,
 )
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
+from mplug_pretrain.models.generation.settings import AnswerSettings, GenerationSettings
 from mplug_pretrain.models.model_config import ModelConfig
 from mplug_pretrain.utils.atomic_files import atomic_write
 from mplug_pretrain.utils.resources import deepspeed_template
@@ -123,15 +123,15 @@ class StageConfig:
 
 @dataclass
 class CaptionConfig:
-    """`mplug finetune caption` (train/caption_task.py) and `mplug eval caption` (eval/caption_task.py)."""
+    """`mplug finetune caption` (tasks/caption/finetune.py) and `mplug eval caption` (tasks/caption/evaluate.py)."""
     train_shards: str | None = None  # image-text shards (pair layout: one sample per caption)
     val_shards: str | None = None  # image layout (json.captions = references): evaluated after each stage
     coco_json: str | None = None  # Karpathy dataset_coco.json: SCST references (train + restval) without a shard scan
     image_root: str | None = None
-    # the decoding settings (prompt, beam search; models/generation_settings.py): the prompt also leads every
+    # the decoding settings (prompt, beam search; models/generation/settings.py): the prompt also leads every
     # training text, max_length also bounds SCST samples; saved as caption_generation.json beside the weights
     generation: GenerationSettings = field(default_factory=GenerationSettings)
-    clean_captions: bool = True  # ExpansionNet v2 cleaning (data/caption_text.py: "Man's" -> "man s") in training text and rewards
+    clean_captions: bool = True  # ExpansionNet v2 cleaning (tasks/caption/text.py: "Man's" -> "man s") in training text and rewards
     image_size: int | None = None  # fine-tuning resolution (ViT positions resized); default: init_from's
     augment: bool = False  # RandomResizedCrop + RandAugment in image stages (cached stages read eval-transform features)
     label_smoothing: float = 0.0
@@ -153,13 +153,13 @@ VQA_FREEZABLE = ("image_encoder", "text_encoder", "fusion")
 
 @dataclass
 class VQAConfig:
-    """VQA fine-tuning (train/vqa_task.py) and evaluation (eval/vqa_task.py); steps are optim.max_steps."""
+    """VQA fine-tuning (tasks/vqa/finetune.py) and evaluation (tasks/vqa/evaluate.py); steps are optim.max_steps."""
     train_shards: str | None = None
     val_shards: str | None = None  # evaluated after fine-tuning and by `mplug eval vqa`
     answer_list: str | None = None  # JSON list or one per line; default: the list the val shards name
     inference: Literal["generate", "rank"] = "generate"
     rank_k: int = 128  # candidates kept by first-token probability before full scoring
-    # beam search of answers (models/generation_settings.py); max_length (incl. [SEP]) also truncates training
+    # beam search of answers (models/generation/settings.py); max_length (incl. [SEP]) also truncates training
     # answers; saved as answer_generation.json beside the weights of every training run
     generation: AnswerSettings = field(default_factory=AnswerSettings)
     normalization: Literal["official_2021", "legacy"] = "official_2021"
@@ -173,7 +173,7 @@ class VQAConfig:
 
 @dataclass
 class RetrievalFinetuneConfig:
-    """`mplug finetune retrieval` (train/retrieval_task.py): ITC (momentum queues carrying image ids: captions of one
+    """`mplug finetune retrieval` (tasks/retrieval/finetune.py): ITC (momentum queues carrying image ids: captions of one
     image are never negatives) + ITM with hard negatives, then `mplug eval retrieval` of the final model."""
     train_shards: str | None = None  # pair layout (one sample per caption, json.image_id shared by an image's captions)
     val_shards: str | None = None  # image layout (json.captions), evaluated with eval.k_test / eval.rerank_score
@@ -183,7 +183,7 @@ class RetrievalFinetuneConfig:
 
 @dataclass
 class ClassificationTaskConfig:
-    """`mplug finetune snli-ve|nlvr2` (train/classify_task.py) and `mplug eval snli-ve|nlvr2` (eval/classify_task.py):
+    """`mplug finetune snli-ve|nlvr2` (tasks/classify/finetune.py) and `mplug eval snli-ve|nlvr2` (tasks/classify/evaluate.py):
     a classifier on the fused text [CLS] (models/heads/classifier.py); steps are optim.max_steps."""
     train_shards: str | None = None  # `make-shards snli-ve|nlvr2` shards
     val_shards: str | None = None  # accuracy after fine-tuning and by `mplug eval`
@@ -194,8 +194,8 @@ class ClassificationTaskConfig:
 
 @dataclass
 class GroundingConfig:
-    """`mplug finetune grounding` (train/grounding_task.py) and `mplug eval grounding` (eval/grounding_task.py): the
-    decoder generates the box as 4 coordinate tokens (models/grounding.py); steps are optim.max_steps."""
+    """`mplug finetune grounding` (tasks/grounding/finetune.py) and `mplug eval grounding` (tasks/grounding/evaluate.py): the
+    decoder generates the box as 4 coordinate tokens (tasks/grounding/model.py); steps are optim.max_steps."""
     train_shards: str | None = None  # `make-shards grounding` shards
     val_shards: str | None = None  # Acc@0.5 after fine-tuning and by `mplug eval grounding`
     image_size: int | None = None  # fine-tuning resolution = coordinate bins (ViT positions resized)
@@ -455,7 +455,7 @@ def _validate_caption(c: CaptionConfig) -> None:
 
 def check_path(spec: str, name: str) -> None:
     """Every file a brace pattern / '::' list names must exist."""
-    from mplug_pretrain.data.urls import all_shards, expand_sources
+    from mplug_pretrain.data.reading.urls import all_shards, expand_sources
     if not spec.strip():
         return
     try:

@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from mplug_pretrain.models.preprocessing import PREPROCESSING_FILE, TOKENIZER_FILE, Preprocessing
+from mplug_pretrain.models.folder.preprocessing import PREPROCESSING_FILE, TOKENIZER_FILE, Preprocessing
 
 
 def _is_model_folder(path: str) -> bool:
@@ -29,7 +29,7 @@ def create_model_and_transforms(preset_or_dir: str, device: str | torch.device |
     float32 [3, S, S] with S the model's input size; ``image_size`` re-targets a folder's ViT (positions
     resized) and the transforms. ``device``: default cpu."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
+    from mplug_pretrain.models.generation.settings import AnswerSettings, GenerationSettings
     from mplug_pretrain.models.mplug import MPLUG
     from mplug_pretrain.models.presets import PRESETS, apply_overrides, get_preset_config
 

@@ -31,3 +31,55 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """bert-base-uncased's WordPiece vocabulary (shipped with the package)."""
+    from mplug_pretrain.data.tokenizer import load_tokenizer
+    return load_tokenizer()
+
+
+def make_text_batch(batch: int, max_len: int, seed: int = 0, min_len: int = 4, vocab: tuple = (1000, 30000)):
+    """[CLS] random word ids [SEP] [PAD]...: ids and mask [batch, max_len], lengths in [min_len, max_len]."""
+    import torch
+
+    from mplug_pretrain.models.decoders.api import BOS_ID, EOS_ID, PAD_ID
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (batch,), generator=g)
+    lengths[0] = max_len
+    ids = torch.randint(vocab[0], vocab[1], (batch, max_len), generator=g)
+    mask = (torch.arange(max_len)[None] < lengths[:, None]).long()
+    ids[:, 0] = BOS_ID
+    ids[torch.arange(batch), lengths - 1] = EOS_ID
+    return ids.masked_fill(mask == 0, PAD_ID), mask
+
+
+@pytest.fixture
+def text_batch():
+    """Small text batches in the tokenizer's layout (``make_text_batch``)."""
+    return make_text_batch
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """One tiny MPLUG with seeded random weights, shared by the tests that only read it."""
+    import torch
+
+    import mplug_pretrain  # noqa: F401  (torchvision shim before timm / open_clip)
+    from mplug_pretrain.models.presets import build_model
+    torch.manual_seed(0)
+    return build_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny model folder with seeded random weights (save_pretrained)."""
+    import torch
+
+    import mplug_pretrain  # noqa: F401  (torchvision shim first)
+    from mplug_pretrain.models.presets import build_model
+    torch.manual_seed(0)
+    path = str(tmp_path_factory.mktemp("tiny") / "model")
+    build_model("tiny").save_pretrained(path)
+    return path

@@ -82,7 +82,7 @@ def test_the_limits_themselves_are_accepted(tmp_path, shard_file):
     ("heads", "temperature", 0, "model.heads.temperature"),
 ])
 def test_a_model_folders_bad_config_json_names_file_and_field(tmp_path, section, key, value, field):
-    from mplug_pretrain.models.config_io import write_model_config
+    from mplug_pretrain.models.folder.config_io import write_model_config
     path = tmp_path / "config.json"
     write_model_config(get_preset_config("tiny"), str(path))
     data = json.loads(path.read_text())

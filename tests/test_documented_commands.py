@@ -172,7 +172,7 @@ def workspace(tmp_path_factory):
     os.makedirs(root / "nlvr2" / "data")
     with open(root / "nlvr2" / "data" / "train.json", "w") as f:
         f.write(json.dumps({"identifier": "train-10-0-0", "sentence": "Two photos.", "label": "True"}) + "\n")
-    from tests.data.test_img2dataset_layout import write_img2dataset_folder
+    from tests.data.formats.test_manifest_img2dataset import write_img2dataset_folder
     write_img2dataset_folder(str(root / "laion_shards"), [3, 2])  # README, img2dataset shards
     # RefCOCO: the refer toolkit's refs (as JSON) and COCO instances over the train2014 images above
     _write_json(str(root / "refcoco" / "instances.json"), {

@@ -1,6 +1,7 @@
 """The package's import graph, read from the source with ``ast`` (every import statement, also those inside
-functions): no cycle between modules, and evaluation code never imports training code (DESIGN: inference
-users never import training code; eval/ is used by train/, not the other way round)."""
+functions): no cycle between modules; layers only import downwards (metrics never import the training engine or a
+task, the engine never imports a task); a task never imports another task (shared steps sit beside the task folders
+in ``tasks/*.py``, and those import no task folder)."""
 import ast
 import pathlib
 
@@ -97,22 +98,60 @@ def test_no_import_cycle_in_the_package():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_eval_never_imports_train():
-    graph = import_graph()
-    edges = {(a, b) for a, targets in graph.items() for b in targets if _layer(a) == "eval" and _layer(b) == "train"}
-    assert edges == set(), f"eval -> train imports: {sorted(edges)}"
-
-
-def test_models_and_data_never_import_train_or_eval():
+def test_metrics_never_import_train_or_tasks():
     graph = import_graph()
     edges = sorted((a, b) for a, targets in graph.items() for b in targets
-                   if _layer(a) in ("models", "data") and _layer(b) in ("train", "eval"))
-    assert edges == [], f"model/data code imports training or evaluation code: {edges}"
+                   if _layer(a) == "metrics" and _layer(b) in ("train", "tasks"))
+    assert edges == [], f"metrics -> train/tasks imports: {edges}"
+
+
+def test_models_and_data_never_import_train_metrics_or_tasks():
+    graph = import_graph()
+    edges = sorted((a, b) for a, targets in graph.items() for b in targets
+                   if _layer(a) in ("models", "data") and _layer(b) in ("train", "metrics", "tasks"))
+    assert edges == [], f"model/data code imports training, metric or task code: {edges}"
+
+
+def test_the_training_engine_never_imports_a_task():
+    graph = import_graph()
+    edges = sorted((a, b) for a, targets in graph.items() for b in targets if _layer(a) == "train" and _layer(b) == "tasks")
+    assert edges == [], f"train/ (the engine) imports a task: {edges}"
+
+
+def _task(module: str) -> str | None:
+    """``mplug_pretrain.tasks.caption.scst`` -> "caption"; a shared module beside the task folders -> ""."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "tasks":
+        return None
+    return parts[2] if len(parts) > 3 else ""
+
+
+def test_no_task_imports_another_task():
+    graph = import_graph()
+    edges = sorted((a, b) for a, targets in graph.items() for b in targets
+                   if _task(a) is not None and _task(b) and _task(b) != _task(a))
+    assert edges == [], f"imports between task folders (move the shared part beside them, into tasks/*.py): {edges}"
+
+
+def test_the_task_rule_sees_a_cross_task_import(tmp_path):
+    pkg = tmp_path / "mplug_pretrain"
+    for folder in ("tasks/caption", "tasks/vqa"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tasks" / "__init__.py").write_text("")
+    (pkg / "tasks" / "shared.py").write_text("")
+    (pkg / "tasks" / "vqa" / "finetune.py").write_text("from mplug_pretrain.tasks import shared\n")
+    (pkg / "tasks" / "caption" / "finetune.py").write_text("from mplug_pretrain.tasks.vqa.finetune import x\n")
+    graph = import_graph(pkg)
+    crossing = sorted((a, b) for a, targets in graph.items() for b in targets
+                      if _task(a) is not None and _task(b) and _task(b) != _task(a))
+    assert crossing == [("mplug_pretrain.tasks.caption.finetune", "mplug_pretrain.tasks.vqa.finetune")]
 
 
 # Layers, bottom up; a module may import its own layer and those below, never above. The package root's own
 # modules (config, errors, compat, factory) sit beside utils; __main__ is the top.
-LAYERS = [{"utils", ""}, {"models", "data"}, {"eval"}, {"train"}, {"bench", "demo", "slurm"}, {"cli"}]
+LAYERS = [{"utils", ""}, {"models", "data"}, {"metrics"}, {"train"}, {"tasks"}, {"bench", "demo", "slurm"}, {"cli"}]
 
 
 def _rank(module: str) -> int:
@@ -132,7 +171,7 @@ def test_no_module_imports_a_layer_above_its_own():
     graph = import_graph()
     upward = sorted((a, b) for a, targets in graph.items() for b in targets
                     if _rank(b) > _rank(a) and not (_layer(a) == "" and _layer(b) in ("models", "data")))
-    assert upward == [], f"imports of a higher layer (cli > bench/demo/slurm > train > eval > models/data): {upward}"
+    assert upward == [], f"imports of a higher layer (cli > bench/demo/slurm > tasks > train > metrics > models/data): {upward}"
 
 
 def test_only_the_command_line_parses_arguments():

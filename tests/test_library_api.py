@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 
 import mplug_pretrain
-from mplug_pretrain.data.synthetic_scenes import render_scene, sample_scene
+from mplug_pretrain.data.synthetic.scenes import render_scene, sample_scene
 from mplug_pretrain.data.tokenizer import load_tokenizer
-from mplug_pretrain.models.generation import beam_search
-from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
+from mplug_pretrain.models.folder.preprocessing import write_inference_files
+from mplug_pretrain.models.generation.decoding import beam_search
+from mplug_pretrain.models.generation.settings import AnswerSettings, GenerationSettings
 from mplug_pretrain.models.mplug import MPLUG
-from mplug_pretrain.models.preprocessing import write_inference_files
 from mplug_pretrain.models.presets import build_model
 from tests.helpers import REPO_ROOT
 
@@ -95,7 +95,7 @@ def test_import_and_preset_load_no_training_code():
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["light"] == ["mplug_pretrain.compat"], "`import mplug_pretrain` must stay light"
     heavy = [m for m in report["all"] if m == "deepspeed" or m.startswith(("deepspeed.", "mplug_pretrain.train",
-                                                                           "mplug_pretrain.eval", "webdataset"))
+                                                                           "mplug_pretrain.metrics", "webdataset"))
              or m == "mplug_pretrain.config"]
     assert not heavy, f"inference imported training code: {heavy}"
     assert report["training"] is False and report["size"] == [3, 64, 64]
@@ -161,7 +161,7 @@ def test_similarity_equals_itc_from_the_encoders(loaded, low_level, images):
 
 
 def test_answer_equals_the_vqa_generation_path(loaded, low_level, images):
-    from mplug_pretrain.eval.vqa_task import AnswerPredictor
+    from mplug_pretrain.tasks.vqa.evaluate import AnswerPredictor
     model, *_ = loaded
     reference, tokenizer = low_level
     questions = ["what color is the circle?", "how many shapes are there?", "is there a square?"]

@@ -1,9 +1,9 @@
 """`mplug bench attention-peer`: forward + backward time of our BERT stacks against transformers' BERT at the
 same sizes, both in training mode (dropout 0.1), fp32, random weights, CPU.
 
-- text encoder: our TextEncoder (models/text.py) vs ``BertModel(add_pooling_layer=False)``: base width (768,
+- text encoder: our TextEncoder (models/towers/text.py) vs ``BertModel(add_pooling_layer=False)``: base width (768,
   12 heads, FFN 3072), 6 layers, batch 8, 30 tokens with padding (lengths 12..30);
-- decoder: our BertDecoder (models/bert_decoder.py: causal self-attention + cross-attention + tied LM head) vs
+- decoder: our BertDecoder (models/decoders/bert.py: causal self-attention + cross-attention + tied LM head) vs
   ``BertLMHeadModel(is_decoder=True, add_cross_attention=True)``: 12 layers, batch 8, 40 tokens, memory of
   257 image + 30 text states (the base preset's fused memory).
 Loss for both: sum of the encoder states / cross-entropy of the decoder logits on random labels, then backward.
@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from mplug_pretrain.bench.common import interleaved_seconds, write_bench
-from mplug_pretrain.models.bert_decoder import BertDecoder
+from mplug_pretrain.models.decoders.bert import BertDecoder
 from mplug_pretrain.models.model_config import DecoderConfig
-from mplug_pretrain.models.text import TextEncoder
+from mplug_pretrain.models.towers.text import TextEncoder
 
 VOCAB = 30522  # bert-base-uncased WordPiece
 

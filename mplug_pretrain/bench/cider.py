@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from mplug_pretrain.bench.common import median_seconds, write_bench
-from mplug_pretrain.eval.cider_d import CiderD
+from mplug_pretrain.metrics.cider_d import CiderD
 
 SUBJECTS = ["man", "woman", "dog", "cat", "child", "boy", "girl", "bus", "train", "bird", "horse", "giraffe",
             "elephant", "skateboarder", "surfer", "zebra", "pizza", "motorcycle", "teddy bear", "couple"]

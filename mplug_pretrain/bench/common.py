@@ -76,8 +76,8 @@ def write_bench(name: str, rows: list[dict], out: str, **extra) -> dict:
 
 def pretrain_batch(preset: str, batch_size: int) -> dict:
     """One pretraining batch from the demo shards at ``preset``'s image size (text padded to 30 tokens)."""
-    from mplug_pretrain.data.loader_spec import LoaderSpec
-    from mplug_pretrain.data.pipeline import build_pretrain_loader
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
     from mplug_pretrain.data.tokenizer import load_tokenizer
     from mplug_pretrain.demo.shards import ensure_demo_shards
     from mplug_pretrain.models.presets import get_preset_config

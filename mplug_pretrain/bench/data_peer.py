@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from mplug_pretrain.bench.common import write_bench
-from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.data.pipeline import build_pretrain_loader
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.data.transforms import build_train_transform
 from mplug_pretrain.demo.shards import ensure_demo_shards
@@ -95,8 +95,8 @@ def _open_clip(shards: str, workers: int, tokenizer, num_samples: int):
 
 
 def run(out: str, quick: bool = False) -> dict:
-    from mplug_pretrain.data.manifest import shard_sample_counts
-    from mplug_pretrain.data.urls import all_shards, expand_sources
+    from mplug_pretrain.data.formats.manifest import shard_sample_counts
+    from mplug_pretrain.data.reading.urls import all_shards, expand_sources
     shards = ensure_demo_shards()["pretrain_train"]
     num_samples = sum(shard_sample_counts(all_shards(expand_sources(shards, None))))
     tokenizer = load_tokenizer()

@@ -16,8 +16,8 @@ import argparse
 import time
 
 from mplug_pretrain.bench.common import write_bench
-from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.data.pipeline import build_pretrain_loader
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.demo.shards import ensure_demo_shards
 

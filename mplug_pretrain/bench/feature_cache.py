@@ -8,7 +8,7 @@ most 20 tokens, CIDEr-D reward). Modes:
     end_to_end       the ViT trains (forward and backward through it)
     frozen_encoder   the ViT runs under no_grad at every step
     cached_features  the ViT does not run: its features are read from a real feature cache on disk
-                     (train/feature_cache.py, built once from synthetic shards) and copied into the batch
+                     (tasks/caption/feature_cache.py, built once from synthetic shards) and copied into the batch
 Rows: mode, objective, seconds_per_step (median), batch_size, trainable_parameters.
 ``recipe_estimate``: ExpansionNet's 2.8x is an estimate of a whole recipe's time (Table VII). The same
 estimate with OUR measured per-sample costs: fast = A 8 XE epochs cached + B 2 XE end-to-end + C 9 SCST
@@ -33,16 +33,16 @@ STANDARD_RECIPE = {"xe_end_to_end": 30 * 5, "scst_end_to_end": 30}
 
 def _model(quick: bool):
     from mplug_pretrain.models.presets import get_preset_config
-    from mplug_pretrain.train.caption_model import captioner
+    from mplug_pretrain.tasks.caption.model import captioner
     torch.manual_seed(0)
     return captioner(get_preset_config("tiny" if quick else "base"))
 
 
 def _cache(model, batch: int, image_size: int, folder: str):
     """A real feature cache of ``batch`` synthetic images; -> (FeatureCache, its keys)."""
-    from mplug_pretrain.data.cached_features import FeatureCache
-    from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards
-    from mplug_pretrain.train.feature_cache import build_feature_cache
+    from mplug_pretrain.data.writers.synthetic import write_synthetic_image_shards
+    from mplug_pretrain.tasks.caption.cached_features import FeatureCache
+    from mplug_pretrain.tasks.caption.feature_cache import build_feature_cache
     shards = os.path.join(folder, "shards")
     entry = write_synthetic_image_shards(shards, num_scenes=batch, captions_per_scene=2, layout="image",
                                         image_size=image_size, name="bench", overwrite=True)
@@ -54,9 +54,9 @@ def _cache(model, batch: int, image_size: int, folder: str):
 
 def run(out: str, quick: bool = False) -> dict:
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.train.caption_data import prompt_ids
-    from mplug_pretrain.train.caption_losses import scst_batch_loss, xe_batch_loss
-    from mplug_pretrain.train.scst import CiderDReward
+    from mplug_pretrain.tasks.caption.data import prompt_ids
+    from mplug_pretrain.tasks.caption.losses import scst_batch_loss, xe_batch_loss
+    from mplug_pretrain.tasks.caption.scst import CiderDReward
     batch, repeats = (2, 1) if quick else (4, 2)
     model = _model(quick).train()
     size = model.config.vision.image_size

@@ -31,7 +31,7 @@ from mplug_pretrain.models.fusion import (
     fusion_schedule,
     schedule_pattern,
 )
-from mplug_pretrain.models.text import BertLayer
+from mplug_pretrain.models.towers.text import BertLayer
 
 WIDTH, HEADS, FFN, LAYERS, TEXT_TOKENS, SAMPLES = 768, 12, 3072, 6, 30, 100
 PAPER_CLAIM = ("mPLUG (Fig. 1, §5.3.2): skip-connected fusion is at least 4x faster than connected-attention and "

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from mplug_pretrain.bench.common import interleaved_seconds, median_seconds, write_bench
-from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, PAD_ID, DecoderOutput
-from mplug_pretrain.models.packed_decoding import packed_for_decoding
+from mplug_pretrain.models.decoders.api import BOS_ID, EOS_ID, PAD_ID, DecoderOutput
+from mplug_pretrain.models.generation.packed_decoding import packed_for_decoding
 
 DECODERS = ("bert", "expansion", "acf")
 BEAMS = (1, 3, 5)
@@ -72,14 +72,14 @@ class FullRecompute(nn.Module):
 
 
 def build_decoder(kind: str, size: Size) -> nn.Module:
-    from mplug_pretrain.models.decoder_factory import build_decoder as factory
+    from mplug_pretrain.models.decoders.factory import build_decoder as factory
     from mplug_pretrain.models.model_config import DecoderConfig
     cfg = DecoderConfig(type=kind, layers=size.layers, heads=size.heads, ffn_dim=size.ffn, dropout=0.0)
     return factory(cfg, vocab_size=VOCAB, width=size.width).eval()
 
 
 def _ours_call(decoder: nn.Module, memory: torch.Tensor, mask: torch.Tensor, beam: int, size: Size):
-    from mplug_pretrain.models.generation import beam_search
+    from mplug_pretrain.models.generation.decoding import beam_search
 
     @torch.no_grad()
     def once() -> None:

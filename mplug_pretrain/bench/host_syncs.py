@@ -20,12 +20,12 @@ def count_micro_step_syncs(overrides: list[str] | None = None, warmup: int = 2, 
     import torch
 
     from mplug_pretrain.config import load_config
-    from mplug_pretrain.data.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
     from mplug_pretrain.demo.shards import ensure_demo_shards
+    from mplug_pretrain.tasks.pretrain.train import build_model, build_train_loader
     from mplug_pretrain.train.distributed import init_distributed
     from mplug_pretrain.train.engine import after_optimizer_step, build_engine
     from mplug_pretrain.train.loop import TrainTask, _micro_step, bare_run
-    from mplug_pretrain.train.pretrain import build_model, build_train_loader
     from mplug_pretrain.utils.host_syncs import HostSyncCounter
 
     for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29631"), ("RANK", "0"),

@@ -20,9 +20,9 @@ def measure(mode: str, steps: int = 8) -> dict:
 
     from mplug_pretrain.bench.common import pretrain_batch
     from mplug_pretrain.config import deepspeed_config, load_config
+    from mplug_pretrain.tasks.pretrain.train import build_model
     from mplug_pretrain.train.distributed import init_distributed
     from mplug_pretrain.train.engine import build_optimizer
-    from mplug_pretrain.train.pretrain import build_model
     from mplug_pretrain.utils.precision import use_fp32_layer_norms
     torch.set_num_threads(1)
     for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29641"), ("RANK", "0"),

@@ -1,6 +1,6 @@
 """`mplug bench scst-pass`: one SCST step (sampling, CIDEr-D reward, loss, backward) with the gradient taken
 through the sampler itself (``one_pass``, models.generation.sample_with_grad) against sampling without gradient
-then recomputing the log-probabilities by teacher forcing (``two_pass``); train/scst.py.
+then recomputing the log-probabilities by teacher forcing (``two_pass``); tasks/caption/scst.py.
 
 Shape: the demo's SCST stage (configs/caption_demo.yaml): the tiny preset (random init) on cached ViT features of
 32 real demo images (data_shards/caption, the first 32 of the training shards), prompt "a picture of", 5 samples
@@ -30,13 +30,13 @@ DEMO_CONFIG = "configs/caption_demo.yaml"
 def _setting(preset: str, vocab_folder: str | None, images: int):
     """(config, captioner, tokenizer, prompt ids, reward, batch with ViT features of ``images`` images)."""
     from mplug_pretrain.config import load_config
-    from mplug_pretrain.data.loader_spec import LoaderSpec
-    from mplug_pretrain.data.pipeline import build_loader
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.pipeline import build_loader
     from mplug_pretrain.data.tokenizer import load_tokenizer
     from mplug_pretrain.data.transforms import build_eval_transform
-    from mplug_pretrain.train.caption_data import CaptionImageFormat, CaptionText, load_references, prompt_ids
-    from mplug_pretrain.train.caption_model import captioner
-    from mplug_pretrain.train.scst import CiderDReward
+    from mplug_pretrain.tasks.caption.data import CaptionImageFormat, CaptionText, load_references, prompt_ids
+    from mplug_pretrain.tasks.caption.model import captioner
+    from mplug_pretrain.tasks.caption.scst import CiderDReward
     overrides = [f"model.preset={preset}"]
     if vocab_folder is not None:
         with open(os.path.join(vocab_folder, "vocab.txt"), encoding="utf-8") as f:
@@ -60,7 +60,7 @@ def _setting(preset: str, vocab_folder: str | None, images: int):
 
 def _step(setting, one_pass: bool, seed: int, quick: bool) -> tuple[float, float, float]:
     """-> (seconds of one SCST loss + backward, loss, mean sampled length)."""
-    from mplug_pretrain.train.caption_losses import scst_batch_loss
+    from mplug_pretrain.tasks.caption.losses import scst_batch_loss
     cfg, model, tokenizer, prompt, reward, batch = setting
     k, max_length = (2, 4) if quick else (cfg.caption.scst_samples, cfg.caption.generation.max_length)
     lengths = []

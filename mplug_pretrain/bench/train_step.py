@@ -96,9 +96,9 @@ def _case(setting: str, stage: int, checkpointing: bool, world: int, batch: dict
 
     from mplug_pretrain.bench.zero_memory import state_bytes
     from mplug_pretrain.config import load_config
+    from mplug_pretrain.tasks.pretrain.train import build_model, flops_per_sample
     from mplug_pretrain.train.engine import build_engine
     from mplug_pretrain.train.flops import mfu
-    from mplug_pretrain.train.pretrain import build_model, flops_per_sample
     preset = "tiny" if setting == "quick" else setting
     batch_size, warmup, timed = SETTINGS[setting]
     cfg = load_config(None, [f"model.preset={preset}", f"data.batch_size={batch_size}",

@@ -61,9 +61,9 @@ def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) 
     import torch
 
     from mplug_pretrain.config import load_config
+    from mplug_pretrain.tasks.pretrain.train import build_model, flops_per_sample
     from mplug_pretrain.train.engine import after_optimizer_step, build_engine
     from mplug_pretrain.train.flops import current_peak_flops, mfu
-    from mplug_pretrain.train.pretrain import build_model, flops_per_sample
     cfg = load_config(None, [f"model.preset={preset}", f"data.batch_size={batch_size}",
                              f"distributed.zero_stage={stage}", "distributed.precision=bf16",
                              f"model.grad_checkpointing={str(checkpointing).lower()}",

@@ -1,4 +1,4 @@
-"""`mplug bench vision-tower`: our CLIP ViT (models/vision.py, the default ``model.vision.backbone: clip_vit``)
+"""`mplug bench vision-tower`: our CLIP ViT (models/towers/vision.py, the default ``model.vision.backbone: clip_vit``)
 against timm's ViT of the same size (``timm:vit_base_patch16_224``: width 768, 12 layers, 12 heads, patch 16,
 224 px), both random-initialised, fp32, CPU, training mode, batch 8: forward + backward of the sum of the tokens,
 and forward alone under no_grad. The timm tower runs through our ExternalTower (what ``timm:<name>`` builds), so
@@ -14,8 +14,8 @@ import time
 import torch
 
 from mplug_pretrain.bench.common import write_bench
-from mplug_pretrain.models.backbones.external import ExternalTower
-from mplug_pretrain.models.vision import VisionTransformer
+from mplug_pretrain.models.towers.external import ExternalTower
+from mplug_pretrain.models.towers.vision import VisionTransformer
 
 
 def run(out: str, quick: bool = False) -> dict:

@@ -14,29 +14,29 @@ from types import SimpleNamespace
 
 
 def _finetune_caption():
-    from mplug_pretrain.train import caption_task
+    from mplug_pretrain.tasks.caption import finetune as caption_task
     return caption_task
 
 
 def _finetune_vqa():
-    from mplug_pretrain.train import vqa_task
+    from mplug_pretrain.tasks.vqa import finetune as vqa_task
     return vqa_task
 
 
 def _finetune_classification(task: str):
     def load():
-        from mplug_pretrain.train import classify_task
+        from mplug_pretrain.tasks.classify import finetune as classify_task
         return SimpleNamespace(run=partial(classify_task.run, task=task))
     return load
 
 
 def _finetune_retrieval():
-    from mplug_pretrain.train import retrieval_task
+    from mplug_pretrain.tasks.retrieval import finetune as retrieval_task
     return retrieval_task
 
 
 def _finetune_grounding():
-    from mplug_pretrain.train import grounding_task
+    from mplug_pretrain.tasks.grounding import finetune as grounding_task
     return grounding_task
 
 
@@ -51,44 +51,44 @@ FINETUNE_TASKS = {  # `mplug finetune <task>`
 
 
 def _eval_caption():
-    from mplug_pretrain.eval import caption_task
+    from mplug_pretrain.tasks.caption import evaluate as caption_task
     return caption_task
 
 
 def _eval_vqa():
-    from mplug_pretrain.eval import vqa_task
+    from mplug_pretrain.tasks.vqa import evaluate as vqa_task
     return vqa_task
 
 
 def _eval_retrieval():
-    from mplug_pretrain.eval import retrieval_task
+    from mplug_pretrain.tasks.retrieval import evaluate as retrieval_task
     return retrieval_task
 
 
 def _eval_video_retrieval():
-    from mplug_pretrain.eval import video_retrieval_task
+    from mplug_pretrain.tasks.video import retrieval as video_retrieval_task
     return video_retrieval_task
 
 
 def _eval_video_qa():
-    from mplug_pretrain.eval import video_qa_task
+    from mplug_pretrain.tasks.video import qa as video_qa_task
     return video_qa_task
 
 
 def _eval_video_caption():
-    from mplug_pretrain.eval import video_caption_task
+    from mplug_pretrain.tasks.video import caption as video_caption_task
     return video_caption_task
 
 
 def _eval_classification(task: str):
     def load():
-        from mplug_pretrain.eval import classify_task
+        from mplug_pretrain.tasks.classify import evaluate as classify_task
         return SimpleNamespace(run=partial(classify_task.run, task=task))
     return load
 
 
 def _eval_grounding():
-    from mplug_pretrain.eval import grounding_task
+    from mplug_pretrain.tasks.grounding import evaluate as grounding_task
     return grounding_task
 
 

@@ -24,7 +24,7 @@ def caption_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool =
                  overrides: tuple[str, ...] = ()) -> dict:
     """``shards``: ``demo.shards.ensure_demo_shards`` output (caption_train, caption_val); ``quick``: the
     stages' steps from ``QUICK_STEPS``; ``overrides``: extra ``key=value`` config overrides."""
-    from mplug_pretrain.train.caption_task import run
+    from mplug_pretrain.tasks.caption.finetune import run
     cfg = load_config(DEMO_CONFIG, [f"init_from={pretrained_dir}", f"caption.train_shards={shards['caption_train']}",
                                     f"caption.val_shards={shards['caption_val']}", f"run.output_dir={run_root}",
                                     f"data.tokenizer={shards['tokenizer']}",

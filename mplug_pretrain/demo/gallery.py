@@ -44,7 +44,7 @@ def _save(image: Image.Image, out_root: str, name: str) -> str:
 
 def held_out_examples(caption_dir: str, vqa_dir: str, shards: dict, out_root: str, count: int = 6) -> dict:
     """``shards``: ``demo.shards.ensure_demo_shards`` output (first shard of caption_val and vqa_val is read)."""
-    from mplug_pretrain.data.urls import all_shards, expand_sources
+    from mplug_pretrain.data.reading.urls import all_shards, expand_sources
     from mplug_pretrain.factory import create_model_and_transforms
     captioner, *_ = create_model_and_transforms(caption_dir)
     scenes = _samples(all_shards(expand_sources(shards["caption_val"]))[0], ("jpg", "png"), count)

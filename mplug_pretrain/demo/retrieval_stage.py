@@ -37,8 +37,8 @@ def _summary(prefix: str, metrics: dict, visual_name: str) -> dict:
 def retrieval_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool = False) -> dict:
     """-> {"retrieval_r1", "retrieval_chance" (both %), the detailed recalls (``_summary``)}. Evaluation only:
     ``run_root`` and ``quick`` are unused."""
-    from mplug_pretrain.eval import retrieval_task
-    from mplug_pretrain.eval.common import load_eval_model
+    from mplug_pretrain.tasks.evaluation import load_eval_model
+    from mplug_pretrain.tasks.retrieval import evaluate as retrieval_task
     cfg = config_from_dict({"eval": {"shards": shards["pretrain_val"], **IMAGE_SETTINGS}})
     use_folder_tokenizer(cfg, pretrained_dir)  # the demo's vocabulary, saved with the model
     metrics = retrieval_task.evaluate(cfg, load_eval_model(cfg, pretrained_dir))
@@ -47,8 +47,8 @@ def retrieval_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool
 
 def video_retrieval_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool = False) -> dict:
     """-> {"video_retrieval_r1", "video_retrieval_chance" (both %), "videos_skipped", detailed recalls}."""
-    from mplug_pretrain.eval import video_retrieval_task
-    from mplug_pretrain.eval.common import load_eval_model
+    from mplug_pretrain.tasks.evaluation import load_eval_model
+    from mplug_pretrain.tasks.video import retrieval as video_retrieval_task
     cfg = config_from_dict({"eval": {"shards": shards["video"], **VIDEO_SETTINGS}})
     use_folder_tokenizer(cfg, pretrained_dir)
     metrics = video_retrieval_task.evaluate(cfg, load_eval_model(cfg, pretrained_dir))

@@ -76,8 +76,8 @@ def _format(result: dict) -> str:
 
 
 def _print_shard_summary(shards: dict) -> None:
-    from mplug_pretrain.data.manifest import shard_sample_counts
-    from mplug_pretrain.data.urls import all_shards, expand_sources
+    from mplug_pretrain.data.formats.manifest import shard_sample_counts
+    from mplug_pretrain.data.reading.urls import all_shards, expand_sources
     print("[demo] embedded data (data_shards/):", flush=True)
     for name, pattern in shards.items():
         if pattern.endswith(".tar") or "{" in pattern:

@@ -17,11 +17,11 @@ import json
 import os
 from collections.abc import Callable
 
-from mplug_pretrain.data.manifest import read_manifest
-from mplug_pretrain.data.shard_writer import shard_pattern
-from mplug_pretrain.data.urls import all_shards, expand_sources
-from mplug_pretrain.data.write_easy_vqa import write_easy_vqa_shards
-from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards, write_synthetic_video_shards
+from mplug_pretrain.data.formats.manifest import read_manifest
+from mplug_pretrain.data.reading.urls import all_shards, expand_sources
+from mplug_pretrain.data.writers.easy_vqa import write_easy_vqa_shards
+from mplug_pretrain.data.writers.shard_writer import shard_pattern
+from mplug_pretrain.data.writers.synthetic import write_synthetic_image_shards, write_synthetic_video_shards
 from mplug_pretrain.demo.vocab import shard_texts, write_demo_vocab
 from mplug_pretrain.utils.atomic_files import write_json_atomic
 

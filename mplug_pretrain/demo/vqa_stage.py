@@ -19,9 +19,9 @@ import yaml
 
 from mplug_pretrain.config import config_from_dict
 from mplug_pretrain.config_loader import deep_merge
-from mplug_pretrain.data.urls import all_shards, expand_sources
+from mplug_pretrain.data.reading.urls import all_shards, expand_sources
 from mplug_pretrain.errors import DataError
-from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa
+from mplug_pretrain.metrics.vqa_accuracy import evaluate_vqa
 from mplug_pretrain.utils.resources import config_file
 
 DEMO_CONFIG = config_file("vqa_demo.yaml")
@@ -57,7 +57,7 @@ def majority_baseline(train_urls: str, val_urls: str, normalization: str) -> tup
 def vqa_demo(pretrained_dir: str, shards: dict, run_root: str, quick: bool = False, seed: int = 0) -> dict:
     """Fine-tune ``pretrained_dir`` (a save_pretrained folder) on shards['vqa_train'] (``QUICK_STEPS`` steps if
     ``quick``), evaluate on shards['vqa_val'] (run folder ``run_root``/vqa) -> the demo's VQA numbers."""
-    from mplug_pretrain.train.vqa_task import run
+    from mplug_pretrain.tasks.vqa.finetune import run
     with open(DEMO_CONFIG) as f:
         raw = yaml.safe_load(f)
     # data.train_shards is not read by VQA, but the generic validation checks that its files exist

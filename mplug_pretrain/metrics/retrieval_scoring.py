@@ -26,8 +26,8 @@ from typing import Literal
 import numpy as np
 import torch
 
-from mplug_pretrain.eval.retrieval_metrics import rerank_topk, retrieval_recall
-from mplug_pretrain.models.text import pool_text
+from mplug_pretrain.metrics.retrieval_recall import rerank_topk, retrieval_recall
+from mplug_pretrain.models.towers.text import pool_text
 
 RerankScore = Literal["itc", "itm", "itm+itc"]
 RERANK_SCORES = ("itc", "itm", "itm+itc")

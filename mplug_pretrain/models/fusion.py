@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.attention import concat_key_bias, key_padding_bias
-from mplug_pretrain.models.checkpointing import run_layer
+from mplug_pretrain.models.layers.attention import concat_key_bias, key_padding_bias
+from mplug_pretrain.models.layers.checkpointing import run_layer
 from mplug_pretrain.models.model_config import FusionConfig
-from mplug_pretrain.models.text import BertLayer
+from mplug_pretrain.models.towers.text import BertLayer
 
 
 def fusion_schedule(layers: int, stride: int, rule: str = "code") -> list[bool]:

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import torch
 
 from mplug_pretrain.data.tokenizer import tokenize
-from mplug_pretrain.models.generation import token_mask
-from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
+from mplug_pretrain.models.generation.decoding import token_mask
+from mplug_pretrain.models.generation.settings import AnswerSettings, GenerationSettings
 
 PROMPT_MAX_TOKENS = 512  # prompts are short; only BERT's position limit bounds them
 

@@ -24,7 +24,7 @@ class VisionConfig:
     checkpoint_path: str | None = None  # OpenAI CLIP / open_clip / timm file, loaded at build time
     checkpoint_format: Literal["auto", "openai", "open_clip", "timm"] = "auto"
     project_to_text_width: bool = True  # Linear + LayerNorm when width != text width (ViT-L 1024 -> 768)
-    # clip_vit (ours) | timm:<name> | open_clip:<name> (models/backbones/external.py); for the latter two the
+    # clip_vit (ours) | timm:<name> | open_clip:<name> (models/towers/external.py); for the latter two the
     # sizes above other than image_size are the tower's own, and backbone_kwargs go to the factory
     backbone: str = "clip_vit"
     backbone_kwargs: dict = field(default_factory=dict)
@@ -143,7 +143,7 @@ class ModelConfig:
             for name in names:
                 check_positive(getattr(getattr(self, section), name), f"{prefix}.{section}.{name}")
         check_positive(t.encoder_layers, f"{prefix}.text.encoder_layers", allow_zero=True)
-        from mplug_pretrain.models.backbones.external import parse_backbone
+        from mplug_pretrain.models.towers.external import parse_backbone
         if parse_backbone(v.backbone)[0] == "clip_vit" and v.image_size % v.patch_size:
             raise ConfigError(f"{prefix}.vision.image_size: {v.image_size} is not a multiple of "
                               f"patch_size {v.patch_size}")

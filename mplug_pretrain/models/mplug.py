@@ -29,10 +29,11 @@ import torch
 from torch import nn
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.bert_decoder import BertDecoder
-from mplug_pretrain.models.bert_init import bert_init_
-from mplug_pretrain.models.config_io import CONFIG_FILE, read_model_config, write_model_config
-from mplug_pretrain.models.decoder_factory import build_decoder
+from mplug_pretrain.models.decoders.bert import BertDecoder
+from mplug_pretrain.models.decoders.factory import build_decoder
+from mplug_pretrain.models.folder.config_io import CONFIG_FILE, read_model_config, write_model_config
+from mplug_pretrain.models.folder.hub import resolve_model_folder
+from mplug_pretrain.models.folder.model_card import write_model_card
 from mplug_pretrain.models.fusion import build_fusion
 from mplug_pretrain.models.heads.classifier import FusedClassifier
 from mplug_pretrain.models.heads.itc import ImageTextContrastive
@@ -40,12 +41,11 @@ from mplug_pretrain.models.heads.itm import ImageTextMatchingHead, sample_hard_n
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead
 from mplug_pretrain.models.heads.mlm import mask_tokens, mlm_loss
 from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
-from mplug_pretrain.models.hub import resolve_model_folder
 from mplug_pretrain.models.inference import InferenceMixin
-from mplug_pretrain.models.model_card import write_model_card
+from mplug_pretrain.models.layers.bert_init import bert_init_
 from mplug_pretrain.models.model_config import ModelConfig
-from mplug_pretrain.models.text import TextEncoder, pool_text
-from mplug_pretrain.models.vision import ImageEncoder, resize_positional_embedding
+from mplug_pretrain.models.towers.text import TextEncoder, pool_text
+from mplug_pretrain.models.towers.vision import ImageEncoder, resize_positional_embedding
 from mplug_pretrain.models.weights.reader import load_weights_into, save_weights
 from mplug_pretrain.utils.host_syncs import host_any
 
@@ -110,7 +110,7 @@ class MPLUG(InferenceMixin, nn.Module):
         nn.init.normal_(self.text_encoder.embeddings.word_embeddings.weight, std=0.1)
 
     def _load_pretrained_parts(self) -> None:
-        from mplug_pretrain.models.backbones.external import load_tower_weights
+        from mplug_pretrain.models.towers.external import load_tower_weights
         from mplug_pretrain.models.weights.bert import (
             init_decoder_from_bert,
             init_text_from_bert,
@@ -305,7 +305,7 @@ class MPLUG(InferenceMixin, nn.Module):
     @torch.no_grad()
     def momentum_update(self) -> None:
         """theta_m <- m * theta_m + (1 - m) * theta for every momentum pair (call after each optimizer step)."""
-        from mplug_pretrain.models.momentum import ema_update_
+        from mplug_pretrain.models.layers.momentum import ema_update_
         m = self.config.heads.momentum
         for online, momentum in self._momentum_pairs():
             params = list(online.parameters())
@@ -359,7 +359,7 @@ class MPLUG(InferenceMixin, nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str, image_size: int | None = None) -> MPLUG:
-        """Load a ``save_pretrained`` folder (strict), or a Hub id ``org/name`` (models/hub.py). ``image_size`` re-targets the ViT to a new input size,
+        """Load a ``save_pretrained`` folder (strict), or a Hub id ``org/name`` (models/folder/hub.py). ``image_size`` re-targets the ViT to a new input size,
         resizing its positional embeddings bilinearly (fine-tuning at a higher resolution)."""
         from safetensors.torch import load_file
         directory = resolve_model_folder(directory)  # a local folder, or a Hub id from huggingface_hub's cache

@@ -77,7 +77,7 @@ def build_job(kind: str, args: argparse.Namespace, eval_tasks: Collection[str] =
         split_checkpoint_overrides(args)
     cfg = load_config(args.config, args.overrides)
     if kind == "pretrain":
-        from mplug_pretrain.train.pretrain import random_init_problem
+        from mplug_pretrain.tasks.pretrain.train import random_init_problem
         problem = random_init_problem(cfg)
         if problem:
             raise ConfigError(problem)
@@ -135,7 +135,7 @@ def cpus_per_task(cfg, kind: str, given: int | None) -> int:
 def check_every_evaluation(cfg, tasks: list[str], checkpoints: list[str]) -> None:
     """Each (task, checkpoint) the array would run, checked as ``mplug eval`` checks it before loading: every
     problem is listed in one ConfigError, so nothing is submitted that would fail on the cluster."""
-    from mplug_pretrain.eval.inputs import check_eval_inputs
+    from mplug_pretrain.tasks.eval_inputs import check_eval_inputs
     problems = []
     for task in tasks:
         for checkpoint in checkpoints:

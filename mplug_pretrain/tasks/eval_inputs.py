@@ -76,9 +76,9 @@ def check_eval_inputs(task: str, cfg, checkpoint: str) -> None:
     """Raises ConfigError naming the field or the folder when ``mplug eval task --checkpoint checkpoint`` would
     fail before evaluating: an input missing from the config, a folder that is no model folder (config.json and
     model.safetensors), or a classification task asked of a model without its classifier."""
-    from mplug_pretrain.data.classification_format import TASKS
-    from mplug_pretrain.models.config_io import CONFIG_FILE, read_model_config
+    from mplug_pretrain.models.folder.config_io import CONFIG_FILE, read_model_config
     from mplug_pretrain.models.mplug import WEIGHTS_FILE
+    from mplug_pretrain.tasks.classify.data import TASKS
     try:
         require_inputs(task, cfg)
     except ConfigError as err:

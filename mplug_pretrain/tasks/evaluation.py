@@ -18,7 +18,7 @@ def eval_device() -> torch.device:
 def load_eval_model(cfg, checkpoint: str):
     """A ``save_pretrained`` / ``mplug export`` folder -> MPLUG in eval mode on ``eval_device()``, the ViT
     re-targeted to ``eval.image_size`` when set."""
-    from mplug_pretrain.models.hub import resolve_model_folder
+    from mplug_pretrain.models.folder.hub import resolve_model_folder
     from mplug_pretrain.models.mplug import CONFIG_FILE, MPLUG
     checkpoint = resolve_model_folder(checkpoint)  # a Hub id: its snapshot in huggingface_hub's cache
     if not os.path.isfile(os.path.join(checkpoint, CONFIG_FILE)):

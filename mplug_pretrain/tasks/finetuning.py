@@ -5,7 +5,7 @@ import os
 
 from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.config_io import CONFIG_FILE, read_model_config
+from mplug_pretrain.models.folder.config_io import CONFIG_FILE, read_model_config
 
 
 def finetune_image_size(cfg: Config, task_image_size: int | None) -> int:

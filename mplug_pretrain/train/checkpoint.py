@@ -145,7 +145,7 @@ def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_
 def _write_tag_configs(engine, tag_dir: str, run_config: str | None) -> None:
     module_config = getattr(engine.module, "config", None)
     if module_config is not None:
-        from mplug_pretrain.models.config_io import write_model_config
+        from mplug_pretrain.models.folder.config_io import write_model_config
         write_model_config(module_config, os.path.join(tag_dir, MODEL_CONFIG))
     if run_config is not None:
         write_text_atomic(os.path.join(tag_dir, RUN_CONFIG), run_config)

@@ -8,7 +8,7 @@ the forward under bf16 autocast (never an autocast of ours around it), and the m
 without a shadow copy: DeepSpeed's ``bf16`` mode would cast the momentum towers to bf16, where the EMA
 increment (1 - m) * (θ - θm) at m = 0.995 rounds away.
 
-Momentum update ``θm ← m·θm + (1−m)·θ`` (models/momentum.py, one multi-tensor update per module pair):
+Momentum update ``θm ← m·θm + (1−m)·θ`` (models/layers/momentum.py, one multi-tensor update per module pair):
 stages 0-2 keep parameters replicated and update them in place; under ZeRO-3 online and momentum towers are
 partitioned alike (same shapes, same partitioning), so each rank updates its own shards (``ds_tensor``), and
 the full copies of persistent (small, never released) parameters: no gather, no broadcast.
@@ -140,7 +140,7 @@ def momentum_update(engine, zero_stage: int) -> None:
         return
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-    from mplug_pretrain.models.momentum import ema_update_
+    from mplug_pretrain.models.layers.momentum import ema_update_
     m = module.config.heads.momentum
     for online, momentum in pairs:
         shards, shards_m, full, full_m = [], [], [], []

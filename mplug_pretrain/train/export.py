@@ -20,9 +20,9 @@ import shutil
 import torch
 
 from mplug_pretrain.config import Config, load_config
-from mplug_pretrain.models.generation_settings import GENERATION_FILE
-from mplug_pretrain.models.model_card import write_model_card
-from mplug_pretrain.models.preprocessing import write_inference_files
+from mplug_pretrain.models.folder.model_card import write_model_card
+from mplug_pretrain.models.folder.preprocessing import write_inference_files
+from mplug_pretrain.models.generation.settings import GENERATION_FILE
 from mplug_pretrain.models.weights.reader import UnsafeFileError, refused_object, weights_only_loads
 from mplug_pretrain.train.checkpoint import (
     MODEL_CONFIG,
@@ -98,7 +98,7 @@ def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
 def _model(run_dir: str, tag_dir: str, cfg: Config):
     """The trained module's architecture: the tag's model_config.json, else (tags written before it existed) a
     finished run's model/config.json, else the run config's model section."""
-    from mplug_pretrain.models.config_io import read_model_config
+    from mplug_pretrain.models.folder.config_io import read_model_config
     from mplug_pretrain.models.mplug import MPLUG
     for path in (os.path.join(tag_dir, MODEL_CONFIG), os.path.join(run_dir, "model", "config.json")):
         if os.path.isfile(path):
@@ -142,8 +142,8 @@ def complete_model_folder(directory: str, cfg: Config) -> None:
 def save_vqa_answer_list(directory: str, cfg: Config) -> None:
     """A VQA run's answer list (vqa.answer_list, else the one written with vqa.train_shards) kept in its model
     folder as ``answer_list.json``, so that `mplug eval vqa vqa.inference=rank` need not be given it again."""
-    from mplug_pretrain.data.pipeline import load_answer_list as shards_answer_list
-    from mplug_pretrain.data.write_vqa import MODEL_ANSWER_LIST, load_answer_list
+    from mplug_pretrain.data.reading.pipeline import load_answer_list as shards_answer_list
+    from mplug_pretrain.data.writers.vqa import MODEL_ANSWER_LIST, load_answer_list
     from mplug_pretrain.utils.atomic_files import write_json_atomic
     v = cfg.vqa
     answers = load_answer_list(v.answer_list) if v.answer_list else (

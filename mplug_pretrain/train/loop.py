@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 
 from mplug_pretrain.config import Config, config_text, save_config
-from mplug_pretrain.data.decode_stats import DecodeStats, sum_over_ranks
-from mplug_pretrain.data.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.decode_stats import DecodeStats, sum_over_ranks
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.train import checkpoint as ckpt
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.config_change import check_resume_config

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mplug_pretrain.bench.cider import run, synthetic_captions
-from mplug_pretrain.eval.cider_d import CiderD
+from mplug_pretrain.metrics.cider_d import CiderD
 
 
 def test_quick_bench_writes_rows_and_its_figures_follow_from_the_raw_timings(tmp_path):

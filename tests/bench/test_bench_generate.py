@@ -8,7 +8,7 @@ import torch
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
 from mplug_pretrain.bench import feature_cache as feature_cache_bench
 from mplug_pretrain.bench import generate as generate_bench
-from mplug_pretrain.models.generation import beam_search
+from mplug_pretrain.models.generation.decoding import beam_search
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -70,7 +70,7 @@ def test_readme_library_example_runs_on_the_demo_models(demo_run, tmp_path):
 
     import numpy as np
 
-    from mplug_pretrain.data.synthetic_scenes import render_scene, sample_scene
+    from mplug_pretrain.data.synthetic.scenes import render_scene, sample_scene
     from tests.helpers import REPO_ROOT
     from tests.test_library_api import readme_library_example
 

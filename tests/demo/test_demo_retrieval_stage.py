@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
-from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards, write_synthetic_video_shards
+from mplug_pretrain.data.writers.synthetic import write_synthetic_image_shards, write_synthetic_video_shards
 from mplug_pretrain.demo.retrieval_stage import retrieval_demo, video_retrieval_demo
 from mplug_pretrain.models.presets import build_model
 

@@ -5,8 +5,8 @@ import os
 import pytest
 
 from mplug_pretrain.bench import dataloader as dataloader_bench
-from mplug_pretrain.data.manifest import read_manifest
-from mplug_pretrain.data.urls import expand_sources
+from mplug_pretrain.data.formats.manifest import read_manifest
+from mplug_pretrain.data.reading.urls import expand_sources
 from mplug_pretrain.demo.shards import ensure_demo_shards
 
 
@@ -51,8 +51,8 @@ def test_dataloader_bench_quick(demo, tmp_path, monkeypatch):
 def test_demo_vocabulary_keeps_bert_special_ids_and_every_demo_text(demo):
     """Every demo text tokenizes to the same words under the demo vocabulary as under BERT's, without [UNK],
     and the ids the decoders hard-code ([PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103) are BERT's."""
+    from mplug_pretrain.data.reading.urls import all_shards
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.data.urls import all_shards
     from mplug_pretrain.demo.vocab import shard_texts, vocab_size
     _, paths = demo
     small, bert = load_tokenizer(paths["tokenizer"]), load_tokenizer()

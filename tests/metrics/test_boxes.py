@@ -1,4 +1,4 @@
-"""Box IoU / GIoU / Acc@0.5 (eval/box_metrics.py) against torchvision's pairwise box_iou and generalized_box_iou
+"""Box IoU / GIoU / Acc@0.5 (metrics/boxes.py) against torchvision's pairwise box_iou and generalized_box_iou
 (an independent implementation: we take their diagonal) and a hand-worked case."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchvision.ops import box_iou, generalized_box_iou
 
-from mplug_pretrain.eval.box_metrics import accuracy_at, paired_giou, paired_iou, xywh_to_xyxy
+from mplug_pretrain.metrics.boxes import accuracy_at, paired_giou, paired_iou, xywh_to_xyxy
 
 
 def _random_boxes(n: int, seed: int) -> torch.Tensor:

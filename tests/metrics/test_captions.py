@@ -9,7 +9,7 @@ from pycocoevalcap.meteor.meteor import Meteor
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
-from mplug_pretrain.eval.caption_metrics import (
+from mplug_pretrain.metrics.captions import (
     evaluate_captions,
     predictions_as_dict,
     spice_jars_present,
@@ -42,7 +42,7 @@ class _Records(logging.Handler):
 @pytest.fixture(scope="module")
 def ours():
     handler = _Records()
-    logger = logging.getLogger("mplug_pretrain.eval.caption_metrics")
+    logger = logging.getLogger("mplug_pretrain.metrics.captions")
     logger.addHandler(handler)
     try:
         scores = evaluate_captions(PREDICTIONS, REFERENCES)

@@ -6,7 +6,7 @@ import pytest
 from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.cider.cider_scorer import CiderScorer
 
-from mplug_pretrain.eval.cider_d import CiderD, cider_d
+from mplug_pretrain.metrics.cider_d import CiderD, cider_d
 
 TOL = 1e-9
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from mplug_pretrain.eval.retrieval_metrics import (
+from mplug_pretrain.metrics.retrieval_recall import (
     image_to_text_ranks,
     rerank_topk,
     retrieval_recall,

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from mplug_pretrain.eval.vqa_accuracy import (
+from mplug_pretrain.metrics.vqa_accuracy import (
     evaluate_vqa,
     normalize_answer,
     process_punctuation,

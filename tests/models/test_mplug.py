@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID
+from mplug_pretrain.models.decoders.api import BOS_ID, EOS_ID
 from mplug_pretrain.models.mplug import MPLUG
 from mplug_pretrain.models.presets import build_model, get_preset_config, parameter_counts
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
-from mplug_pretrain.data.formats import ImageTextFormat
+from mplug_pretrain.data.formats.samples import ImageTextFormat
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.data.transforms import build_eval_transform
 from mplug_pretrain.models.mplug import LOSS_NAMES, MPLUG

@@ -285,7 +285,7 @@ def _make_model_folder(path, classifier_classes: int = 0) -> str:
     file (empty: nothing loads it before the job runs)."""
     from dataclasses import replace
 
-    from mplug_pretrain.models.config_io import write_model_config
+    from mplug_pretrain.models.folder.config_io import write_model_config
     from mplug_pretrain.models.model_config import ModelConfig
 
     os.makedirs(path, exist_ok=True)

@@ -307,5 +307,5 @@ def test_eval_refuses_a_task_the_config_or_a_checkpoint_cannot_serve(tmp_path, c
 
 def test_every_eval_task_has_its_inputs_checked():
     from mplug_pretrain.cli.registry import EVAL_TASKS
-    from mplug_pretrain.eval.inputs import CONFIG_CHECKS
+    from mplug_pretrain.tasks.eval_inputs import CONFIG_CHECKS
     assert set(CONFIG_CHECKS) == set(EVAL_TASKS)

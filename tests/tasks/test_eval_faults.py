@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
-from mplug_pretrain.data.shard_writer import ShardWriter
-from mplug_pretrain.data.synthetic_scenes import encode_jpeg, render_scene, sample_scene
+from mplug_pretrain.data.synthetic.scenes import encode_jpeg, render_scene, sample_scene
+from mplug_pretrain.data.writers.shard_writer import ShardWriter
 from tests.helpers import call_mplug
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,7 +81,7 @@ def test_eval_caption_without_training_shards_and_without_java_with_cider(
 
 def test_eval_caption_coco_metrics_without_java_fail_before_generating(
         config_with_missing_training_inputs, model_dir, val_shard, tmp_path, no_java, monkeypatch):
-    from mplug_pretrain.eval import caption_task
+    from mplug_pretrain.tasks.caption import evaluate as caption_task
     generated = []
     monkeypatch.setattr(caption_task, "generate_captions", lambda *a, **k: generated.append(1) or ({}, {}))
     proc = _eval_caption(config_with_missing_training_inputs, model_dir, val_shard, tmp_path / "m.json")

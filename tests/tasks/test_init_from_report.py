@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from mplug_pretrain.models.presets import build_model, get_preset_config
-from mplug_pretrain.train.caption_model import load_caption_model
+from mplug_pretrain.tasks.caption.model import load_caption_model
 
 
 def test_a_pretrained_decoder_of_another_type_is_reported(tmp_path, caplog):
@@ -19,12 +19,12 @@ def test_a_pretrained_decoder_of_another_type_is_reported(tmp_path, caplog):
         decoder_tensors = sum(k.startswith("decoder.") for k in f.keys())  # noqa: SIM118 (no __iter__)
     assert decoder_tensors > 0
     same = get_preset_config("tiny")
-    with caplog.at_level(logging.WARNING, logger="mplug_pretrain.train.caption_model"):
+    with caplog.at_level(logging.WARNING, logger="mplug_pretrain.tasks.caption.model"):
         load_caption_model(str(tmp_path), same)
     assert not caplog.records  # same decoder type: everything loaded, nothing to say
     other = copy.deepcopy(same)
     other.decoder.type = "expansion"
-    with caplog.at_level(logging.WARNING, logger="mplug_pretrain.train.caption_model"):
+    with caplog.at_level(logging.WARNING, logger="mplug_pretrain.tasks.caption.model"):
         model = load_caption_model(str(tmp_path), other)
     [record] = caplog.records
     message = record.getMessage()

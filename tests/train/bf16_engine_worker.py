@@ -22,11 +22,11 @@ def main(stage: int, out_dir: str, shards: str, steps: int = 4, nan_at: int = 2)
     from safetensors.torch import load_file
 
     from mplug_pretrain.config import load_config
-    from mplug_pretrain.data.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+    from mplug_pretrain.tasks.pretrain.train import build_model, build_train_loader
     from mplug_pretrain.train.distributed import init_distributed
     from mplug_pretrain.train.engine import after_optimizer_step, build_engine, save_final_model
     from mplug_pretrain.train.loop import TrainTask, _micro_step, bare_run
-    from mplug_pretrain.train.pretrain import build_model, build_train_loader
 
     info = init_distributed("gloo", 5)
     rank, world = info.rank, info.world_size

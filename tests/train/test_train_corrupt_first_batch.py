@@ -6,7 +6,7 @@ import os
 from PIL import Image
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
-from mplug_pretrain.data.shard_writer import ShardWriter
+from mplug_pretrain.data.writers.shard_writer import ShardWriter
 from tests.helpers import REPO_ROOT, read_log, run_mplug
 
 BATCH = 4

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from mplug_pretrain.data.shard_writer import ShardWriter
+from mplug_pretrain.data.writers.shard_writer import ShardWriter
 from tests.helpers import REPO_ROOT, read_log, run_mplug
 from tests.train.test_train_corrupt_first_batch import _jpeg
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mplug_pretrain.config import load_config
-from mplug_pretrain.models.momentum import ema_update_
+from mplug_pretrain.models.layers.momentum import ema_update_
 from mplug_pretrain.models.mplug import MPLUG
 from mplug_pretrain.models.presets import get_preset_config
 from mplug_pretrain.train.engine import build_optimizer, use_fused_adamw

@@ -53,7 +53,7 @@ def test_terminal_shows_live_bar_with_loss_mfu_and_eta(tmp_path, demo_shards):
 
 def test_without_terminal_plain_lines_for_first_and_last_step_and_mfu_logged(tmp_path, demo_shards):
     from mplug_pretrain.config import load_config
-    from mplug_pretrain.train.pretrain import flops_per_sample
+    from mplug_pretrain.tasks.pretrain.train import flops_per_sample
     args = tiny_pretrain_args(tmp_path, demo_shards, "plain", steps=STEPS,
                               extra=["distributed.zero_stage=0", f"run.cpu_peak_flops={CPU_PEAK}"])
     proc = run_mplug(["pretrain", *args])

@@ -213,7 +213,7 @@ def test_disk_full_while_checkpointing_on_a_real_small_filesystem(finished, tmp_
 @pytest.fixture(scope="module")
 def caption_run(tmp_path_factory):
     """A caption fine-tuning run: stage 1 on cached features of the frozen ViT, stage 2 on images."""
-    from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards
+    from mplug_pretrain.data.writers.synthetic import write_synthetic_image_shards
     from mplug_pretrain.models.presets import build_model
     root = tmp_path_factory.mktemp("caption_export")
     torch.manual_seed(0)

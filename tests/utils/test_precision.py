@@ -10,7 +10,7 @@ from torch import nn
 
 from mplug_pretrain.config import config_from_dict, deepspeed_config
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.eval.common import eval_autocast
+from mplug_pretrain.tasks.evaluation import eval_autocast
 from mplug_pretrain.train.engine import DEEPSPEED_VERSIONS, check_deepspeed_version
 from mplug_pretrain.utils.precision import FP32LayerNorm, autocast_context, fp32_island, use_fp32_layer_norms
 from tests.helpers import REPO_ROOT

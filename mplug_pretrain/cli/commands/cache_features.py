@@ -18,8 +18,8 @@ def run(args) -> int:
     import torch
 
     from mplug_pretrain.errors import ConfigError
-    from mplug_pretrain.train.caption_model import load_caption_model, training_image_size
-    from mplug_pretrain.train.feature_cache import build_feature_cache
+    from mplug_pretrain.tasks.caption.feature_cache import build_feature_cache
+    from mplug_pretrain.tasks.caption.model import load_caption_model, training_image_size
     cfg = load_config_from_args(args)
     if not cfg.caption.train_shards:
         raise ConfigError("caption.train_shards: required (the images whose features are cached)")

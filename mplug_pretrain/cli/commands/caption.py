@@ -35,9 +35,9 @@ def check_model_folder(path: str) -> None:
 def run(args) -> int:
     import dataclasses
 
-    from mplug_pretrain.eval.caption_metrics import write_caption_results
-    from mplug_pretrain.eval.predict_captions import image_id_from_path, predict
-    from mplug_pretrain.models.generation_settings import GenerationSettings
+    from mplug_pretrain.metrics.captions import write_caption_results
+    from mplug_pretrain.models.generation.settings import GenerationSettings
+    from mplug_pretrain.tasks.caption.predict import image_id_from_path, predict
     check_model_folder(args.checkpoint)
     settings = GenerationSettings.from_model_dir(args.checkpoint)
     overrides = {k: v for k, v in (("prompt", args.prompt), ("beam_size", args.beam_size),

@@ -48,7 +48,10 @@ def _report(args, entry: dict) -> int:
 
 
 def run_synthetic(args) -> int:
-    from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards, write_synthetic_video_shards
+    from mplug_pretrain.data.writers.synthetic import (
+        write_synthetic_image_shards,
+        write_synthetic_video_shards,
+    )
     if args.kind == "video":
         entry = write_synthetic_video_shards(args.out, num_videos=args.num, seed=args.seed, num_frames=args.num_frames,
                                              size=args.image_size, name=args.name, **_sizes(args))
@@ -61,7 +64,7 @@ def run_synthetic(args) -> int:
 
 def run_classification(args) -> int:
     """``make-shards snli-ve|nlvr2``: --synthetic scenes, or --annotations + --images (the public files)."""
-    from mplug_pretrain.data import write_classification as w
+    from mplug_pretrain.data.writers import classification as w
     if args.synthetic:
         write = w.write_synthetic_snli_ve if args.source == "snli-ve" else w.write_synthetic_nlvr2
         entry = write(args.out, num=args.num, seed=args.seed, image_size=args.image_size, name=args.name,
@@ -78,7 +81,7 @@ def run_classification(args) -> int:
 
 def run_grounding(args) -> int:
     """``make-shards grounding``: --synthetic scenes, or RefCOCO-family annotations + --images."""
-    from mplug_pretrain.data import write_grounding as w
+    from mplug_pretrain.data.writers import grounding as w
     if args.synthetic:
         entry = w.write_synthetic_grounding(args.out, num=args.num, seed=args.seed, image_size=args.image_size,
                                             name=args.name, **_sizes(args))
@@ -93,14 +96,14 @@ def run_grounding(args) -> int:
 
 
 def run_coco(args) -> int:
-    from mplug_pretrain.data.write_coco import write_coco_shards
+    from mplug_pretrain.data.writers.coco import write_coco_shards
     return _report(args, write_coco_shards(args.annotations, args.images, args.out, split=args.split, layout=args.layout,
                                            name=args.name, max_image_side=args.max_image_side,
                                            skip_missing=args.skip_missing, **_sizes(args)))
 
 
 def run_csv(args) -> int:
-    from mplug_pretrain.data.write_table import write_table_shards
+    from mplug_pretrain.data.writers.table import write_table_shards
     return _report(args, write_table_shards(args.table, args.out, image_column=args.image_column,
                                             caption_column=args.caption_column, id_column=args.id_column,
                                             image_root=args.images, sep=args.sep, layout=args.layout, name=args.name,
@@ -110,13 +113,13 @@ def run_csv(args) -> int:
 
 def run_vqa(args) -> int:
     if args.easy_vqa:
-        from mplug_pretrain.data.write_easy_vqa import write_easy_vqa_shards
+        from mplug_pretrain.data.writers.easy_vqa import write_easy_vqa_shards
         entry = write_easy_vqa_shards(args.out, split=args.split or "train", max_questions=args.max_questions,
                                       seed=args.seed, name=args.name, **_sizes(args))
         return _report(args, entry)
     if not args.questions or not args.images:
         raise ConfigError("make-shards vqa: needs --questions and --images (or --easy-vqa)")
-    from mplug_pretrain.data.write_vqa import write_vqa_shards
+    from mplug_pretrain.data.writers.vqa import write_vqa_shards
     return _report(args, write_vqa_shards(args.questions, args.images, args.out, annotations=args.annotations,
                                           answer_list=args.answer_list, image_pattern=args.image_pattern,
                                           name=args.name, max_image_side=args.max_image_side,
@@ -124,7 +127,7 @@ def run_vqa(args) -> int:
 
 
 def run_video(args) -> int:
-    from mplug_pretrain.data.write_video import write_video_shards
+    from mplug_pretrain.data.writers.video import write_video_shards
     return _report(args, write_video_shards(args.videos, args.out, annotations=args.annotations,
                                             video_key=args.video_key, name=args.name, skip_missing=args.skip_missing,
                                             **_sizes(args)))

@@ -27,8 +27,8 @@ def run(args) -> int:
         # torchrun starts each rank in a session of its own: killed with -9, it would leave them training
         # (orphans beside a later --resume). SIGTERM: the rank saves at its next step and exits (train/signals.py).
         die_with_parent(signal.SIGTERM, expected_parent=int(os.environ[LAUNCHER_PID]))
+    from mplug_pretrain.tasks.pretrain.train import run_pretrain
     from mplug_pretrain.train.distributed import shutdown_distributed
-    from mplug_pretrain.train.pretrain import run_pretrain
     try:
         run_pretrain(cfg, resume=args.resume)  # a preempted run saved and exits 0; Slurm requeues it
     finally:

@@ -25,8 +25,14 @@ from collections import Counter
 
 import torch
 
-from mplug_pretrain.data.epoch_plan import derive_seed
-from mplug_pretrain.data.image_decode import SampleError, decode_image, decode_json, decode_text, image_field
+from mplug_pretrain.data.formats.image_decode import (
+    SampleError,
+    decode_image,
+    decode_json,
+    decode_text,
+    image_field,
+)
+from mplug_pretrain.data.reading.epoch_plan import derive_seed
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.data.transforms import seeded_transform
 
@@ -171,7 +177,10 @@ class VideoFormat:
     def _frames(self, data: bytes, seed: int, pos: int) -> torch.Tensor:
         from PIL import Image
 
-        from mplug_pretrain.data.video_frames import VideoDecodeError, decode_frames  # imported when used
+        from mplug_pretrain.data.formats.video_frames import (  # imported when used
+            VideoDecodeError,
+            decode_frames,
+        )
         try:
             frames = decode_frames(data, self.num_frames, mode=self.frame_mode, backend=self.backend)
         except VideoDecodeError as err:

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader
 
-from mplug_pretrain.data.decode_stats import DecodeStats
-from mplug_pretrain.data.epoch_plan import derive_seed
+from mplug_pretrain.data.reading.decode_stats import DecodeStats
+from mplug_pretrain.data.reading.epoch_plan import derive_seed
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.utils.parent_death import die_with_parent
 
@@ -38,7 +38,7 @@ def leave_stop_signals_to_main(worker_id: int | None = None) -> None:
 
 class ShardLoader:
     def __init__(self, stream, answer_list: list[str] | None = None):
-        self.stream = stream  # a ShardStream: its ``spec`` (data/loader_spec.py) says how many workers
+        self.stream = stream  # a ShardStream: its ``spec`` (data/reading/loader_spec.py) says how many workers
         self.answer_list = answer_list
         self.num_batches = stream.spec.workers * stream.batches_per_slot
         self.stats = DecodeStats()

@@ -1,7 +1,7 @@
 """``LoaderSpec``: what a ``ShardLoader`` reads and in which order, one frozen value passed to the builders of
-``data/pipeline.py`` instead of a dozen keyword arguments.
+``data/reading/pipeline.py`` instead of a dozen keyword arguments.
 
-The other half of a loader is its sample format (``data/formats.py``: decode, transform, tokenize, collate),
+The other half of a loader is its sample format (``data/formats/samples.py``: decode, transform, tokenize, collate),
 which the public builders make from an image size, a text length and a tokenizer.
 
     urls               brace pattern(s) of .tar shards; several sources separated by '::'

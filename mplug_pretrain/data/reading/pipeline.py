@@ -1,5 +1,5 @@
 """WebDataset reader pipelines and the loader builders the trainer calls: ``build_*_loader(spec, ...)`` with
-a ``LoaderSpec`` (data/loader_spec.py: shards, batch size, workers, walk, position) and what the sample
+a ``LoaderSpec`` (data/reading/loader_spec.py: shards, batch size, workers, walk, position) and what the sample
 format needs (image size, text length, tokenizer).
 
 One worker's stream, top to bottom (``ShardStream.__iter__``):
@@ -29,19 +29,19 @@ from functools import partial
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
-from mplug_pretrain.data.decode_stats import DecodeStats
-from mplug_pretrain.data.epoch_plan import (
+from mplug_pretrain.data.formats.manifest import dataset_entry, local_path, shard_sample_counts
+from mplug_pretrain.data.formats.samples import CaptionEvalFormat, ImageTextFormat, VideoFormat, VQAFormat
+from mplug_pretrain.data.reading.decode_stats import DecodeStats
+from mplug_pretrain.data.reading.epoch_plan import (
     ExactPlan,
     derive_seed,
     local_skip,
     logical_slot,
     resampled_batches_per_slot,
 )
-from mplug_pretrain.data.formats import CaptionEvalFormat, ImageTextFormat, VideoFormat, VQAFormat
-from mplug_pretrain.data.loader import ShardLoader
-from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.data.manifest import dataset_entry, local_path, shard_sample_counts
-from mplug_pretrain.data.stages import (
+from mplug_pretrain.data.reading.loader import ShardLoader
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.stages import (
     SeededRandomMix,
     batch_by_position,
     decode_samples,
@@ -52,8 +52,8 @@ from mplug_pretrain.data.stages import (
     tar_samples,
     url_list,
 )
+from mplug_pretrain.data.reading.urls import ShardSource, all_shards, expand_sources
 from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
-from mplug_pretrain.data.urls import ShardSource, all_shards, expand_sources
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.utils import process_group
 

@@ -16,8 +16,8 @@ from functools import partial
 import numpy as np
 import webdataset as wds
 
-from mplug_pretrain.data.decode_stats import DecodeStats
-from mplug_pretrain.data.image_decode import SampleError
+from mplug_pretrain.data.formats.image_decode import SampleError
+from mplug_pretrain.data.reading.decode_stats import DecodeStats
 from mplug_pretrain.errors import DataError
 
 log = logging.getLogger(__name__)

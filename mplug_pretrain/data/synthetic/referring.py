@@ -1,4 +1,4 @@
-"""Referring expressions about synthetic scenes (data/synthetic_scenes.py), for visual grounding: the scene knows
+"""Referring expressions about synthetic scenes (data/synthetic/scenes.py), for visual grounding: the scene knows
 every object's shape, colour, size and position, so each expression names exactly one object and its box is exact.
 
 A scene holds 1-2 objects of different shapes at different positions, so "the circle" and "the shape on the left"
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mplug_pretrain.data.synthetic_scenes import POSITION_PHRASES, Scene, SceneObject
+from mplug_pretrain.data.synthetic.scenes import POSITION_PHRASES, Scene, SceneObject
 
 
 def object_box(obj: SceneObject) -> list[float]:

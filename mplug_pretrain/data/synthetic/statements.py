@@ -1,4 +1,4 @@
-"""Statements about synthetic scenes (data/synthetic_scenes.py) with their true labels, for the two classification
+"""Statements about synthetic scenes (data/synthetic/scenes.py) with their true labels, for the two classification
 tasks: SNLI-VE (is a hypothesis entailed by, contradicted by, or neutral to the image?) and NLVR2 (is a statement
 about a pair of images true?). The scene knows every object's shape, colour and position, so each label is exact.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mplug_pretrain.data.synthetic_scenes import COLORS, POSITION_PHRASES, SHAPES, Scene
+from mplug_pretrain.data.synthetic.scenes import COLORS, POSITION_PHRASES, SHAPES, Scene
 
 SNLI_VE_LABELS = ("entailment", "neutral", "contradiction")
 NLVR2_LABELS = ("False", "True")

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mplug_pretrain.data.synthetic_scenes import (
+from mplug_pretrain.data.synthetic.scenes import (
     BACKGROUNDS,
     COLORS,
     SHAPES,

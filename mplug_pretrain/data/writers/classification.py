@@ -1,5 +1,5 @@
 """``make-shards snli-ve`` / ``make-shards nlvr2``: classification shards, from the public annotation files or
-from synthetic scenes (data/synthetic_statements.py).
+from synthetic scenes (data/synthetic/statements.py).
 
 Sample layout (kind "classification"; the manifest entry names the ``task`` and its ``labels``):
   snli-ve  <image ext> (one image); json {"sentence", "label", "image_id", "pair_id"}
@@ -17,15 +17,15 @@ import os
 
 import numpy as np
 
-from mplug_pretrain.data.shard_writer import ShardWriter, created_by
-from mplug_pretrain.data.synthetic_scenes import encode_jpeg, render_scene, sample_scene
-from mplug_pretrain.data.synthetic_statements import (
+from mplug_pretrain.data.synthetic.scenes import encode_jpeg, render_scene, sample_scene
+from mplug_pretrain.data.synthetic.statements import (
     NLVR2_LABELS,
     SNLI_VE_LABELS,
     nlvr2_statement,
     snli_ve_hypothesis,
 )
-from mplug_pretrain.data.write_common import index_images_by_name, load_records, read_image_file
+from mplug_pretrain.data.writers.common import index_images_by_name, load_records, read_image_file
+from mplug_pretrain.data.writers.shard_writer import ShardWriter, created_by
 from mplug_pretrain.errors import DataError
 
 TASK_LABELS = {"snli-ve": SNLI_VE_LABELS, "nlvr2": NLVR2_LABELS}

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from mplug_pretrain.data.shard_writer import ShardWriter, created_by
-from mplug_pretrain.data.write_common import load_json, parse_splits, read_image_file
+from mplug_pretrain.data.writers.common import load_json, parse_splits, read_image_file
+from mplug_pretrain.data.writers.shard_writer import ShardWriter, created_by
 from mplug_pretrain.errors import DataError
 
 LAYOUTS = ("pair", "image")

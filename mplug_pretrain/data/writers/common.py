@@ -8,7 +8,7 @@ import re
 
 from PIL import Image
 
-from mplug_pretrain.data.image_decode import to_rgb
+from mplug_pretrain.data.formats.image_decode import to_rgb
 from mplug_pretrain.errors import DataError
 
 IMAGE_EXTS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp", ".bmp": "bmp",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mplug_pretrain.data.write_vqa import write_vqa_samples
+from mplug_pretrain.data.writers.vqa import write_vqa_samples
 from mplug_pretrain.errors import DataError
 
 SPLITS = ("train", "test")

@@ -1,5 +1,5 @@
 """``make-shards grounding``: visual grounding shards (kind "grounding"), from RefCOCO / RefCOCO+ / RefCOCOg
-annotations or from synthetic scenes (data/synthetic_referring.py). Sample layout: data/grounding_format.py.
+annotations or from synthetic scenes (data/synthetic/referring.py). Sample layout: tasks/grounding/data.py.
 
 Annotation forms read:
   refer      ``--refs`` (the refer toolkit's refs list: {"ref_id", "ann_id", "image_id", "split", "sentences":
@@ -21,10 +21,10 @@ import pickle
 import numpy as np
 from PIL import Image
 
-from mplug_pretrain.data.shard_writer import ShardWriter, created_by
-from mplug_pretrain.data.synthetic_referring import referring_expression
-from mplug_pretrain.data.synthetic_scenes import encode_jpeg, render_scene, sample_scene
-from mplug_pretrain.data.write_common import index_images_by_name, load_json, load_records, read_image_file
+from mplug_pretrain.data.synthetic.referring import referring_expression
+from mplug_pretrain.data.synthetic.scenes import encode_jpeg, render_scene, sample_scene
+from mplug_pretrain.data.writers.common import index_images_by_name, load_json, load_records, read_image_file
+from mplug_pretrain.data.writers.shard_writer import ShardWriter, created_by
 from mplug_pretrain.errors import DataError
 
 

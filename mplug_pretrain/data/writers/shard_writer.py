@@ -19,7 +19,7 @@ import re
 import webdataset as wds
 
 import mplug_pretrain
-from mplug_pretrain.data.manifest import read_manifest, write_manifest_entry
+from mplug_pretrain.data.formats.manifest import read_manifest, write_manifest_entry
 from mplug_pretrain.errors import DataError
 from mplug_pretrain.utils.atomic_files import AtomicFile
 

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from mplug_pretrain.data.shard_writer import ShardWriter, created_by
-from mplug_pretrain.data.synthetic_scenes import (
+from mplug_pretrain.data.synthetic.scenes import (
     encode_jpeg,
     render_scene,
     sample_scene,
     scene_captions,
     scene_questions,
 )
-from mplug_pretrain.data.synthetic_videos import (
+from mplug_pretrain.data.synthetic.videos import (
     encode_mp4,
     motion_captions,
     motion_questions,
     render_motion_frames,
     sample_motion,
 )
+from mplug_pretrain.data.writers.shard_writer import ShardWriter, created_by
 from mplug_pretrain.errors import DataError
 
 LAYOUTS = ("pair", "image")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import csv
 import os
 
-from mplug_pretrain.data.write_coco import CaptionedImage, write_captioned_images
-from mplug_pretrain.data.write_common import load_records
+from mplug_pretrain.data.writers.coco import CaptionedImage, write_captioned_images
+from mplug_pretrain.data.writers.common import load_records
 from mplug_pretrain.errors import DataError
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 
-from mplug_pretrain.data.shard_writer import ShardWriter, created_by
-from mplug_pretrain.data.write_common import load_records
+from mplug_pretrain.data.writers.common import load_records
+from mplug_pretrain.data.writers.shard_writer import ShardWriter, created_by
 from mplug_pretrain.errors import DataError
 
 VIDEO_EXTS = (".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v")

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import re
 
-from mplug_pretrain.data.shard_writer import ShardWriter, created_by
-from mplug_pretrain.data.write_common import index_images_by_id, load_json, read_image_file
+from mplug_pretrain.data.writers.common import index_images_by_id, load_json, read_image_file
+from mplug_pretrain.data.writers.shard_writer import ShardWriter, created_by
 from mplug_pretrain.errors import DataError
 from mplug_pretrain.utils.atomic_files import write_json_atomic
 

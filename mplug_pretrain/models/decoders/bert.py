@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from mplug_pretrain.models.attention import bias_from_keep, key_padding_bias
-from mplug_pretrain.models.bert_init import bert_init_
-from mplug_pretrain.models.checkpointing import run_layer
-from mplug_pretrain.models.decoder_api import DecoderOutput
+from mplug_pretrain.models.decoders.api import DecoderOutput
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead
+from mplug_pretrain.models.layers.attention import bias_from_keep, key_padding_bias
+from mplug_pretrain.models.layers.bert_init import bert_init_
+from mplug_pretrain.models.layers.checkpointing import run_layer
 from mplug_pretrain.models.model_config import DecoderConfig
-from mplug_pretrain.models.text import BertEmbeddings, BertLayer
+from mplug_pretrain.models.towers.text import BertEmbeddings, BertLayer
 
 LayerCache = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # self k, self v, cross k, cross v
 

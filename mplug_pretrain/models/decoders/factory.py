@@ -14,13 +14,13 @@ from mplug_pretrain.models.model_config import DecoderConfig, VisualRefinerConfi
 
 def build_decoder(cfg: DecoderConfig, vocab_size: int, width: int) -> nn.Module:
     if cfg.type == "bert":
-        from mplug_pretrain.models.bert_decoder import BertDecoder
+        from mplug_pretrain.models.decoders.bert import BertDecoder
         return BertDecoder(cfg, vocab_size=vocab_size, width=width)
     if cfg.type == "expansion":
-        from mplug_pretrain.models.expansionnet.decoder import ExpansionDecoder
+        from mplug_pretrain.models.decoders.expansionnet.decoder import ExpansionDecoder
         return ExpansionDecoder(cfg, vocab_size=vocab_size, width=width)
     if cfg.type == "acf":
-        from mplug_pretrain.models.acf.decoder import ACFDecoder
+        from mplug_pretrain.models.decoders.acf.decoder import ACFDecoder
         return ACFDecoder(cfg, vocab_size=vocab_size, width=width)
     raise ConfigError(f"model.decoder.type: expected bert | expansion | acf, got {cfg.type!r}")
 
@@ -29,9 +29,9 @@ def build_visual_refiner(cfg: VisualRefinerConfig, width: int, grid_size: int) -
     if cfg.type == "none":
         return None
     if cfg.type == "static_expansion":
-        from mplug_pretrain.models.expansionnet.encoder import StaticExpansionRefiner
+        from mplug_pretrain.models.decoders.expansionnet.encoder import StaticExpansionRefiner
         return StaticExpansionRefiner(cfg, width=width, grid_size=grid_size)
     if cfg.type == "acf":
-        from mplug_pretrain.models.acf.encoder import ACFVisualRefiner
+        from mplug_pretrain.models.decoders.acf.encoder import ACFVisualRefiner
         return ACFVisualRefiner(cfg, width=width, grid_size=grid_size)
     raise ConfigError(f"model.refiner.type: expected none | static_expansion | acf, got {cfg.type!r}")

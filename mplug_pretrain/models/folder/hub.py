@@ -43,7 +43,7 @@ def push_to_hub(folder: str, repo_id: str, *, private: bool = False, token: str 
     """Uploads a model folder to ``repo_id`` (created if absent) -> the commit URL. The model card is rewritten
     first (with the run's metrics when the folder is a run's ``model/``); a folder that is not self-contained
     (``REQUIRED_FILES``) is refused before any network call. ``api``: an ``HfApi`` (default: a new one)."""
-    from mplug_pretrain.models.model_card import write_model_card
+    from mplug_pretrain.models.folder.model_card import write_model_card
     if not _HUB_ID.match(repo_id):
         raise ConfigError(f"repo_id: expected 'org/name', got {repo_id!r}")
     if not os.path.isfile(os.path.join(folder, "config.json")):

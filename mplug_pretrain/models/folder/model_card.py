@@ -63,7 +63,7 @@ def _training_lines(run: dict) -> list[str]:
 
 def render_model_card(directory: str, repo_id: str | None = None) -> str:
     from mplug_pretrain import __version__
-    from mplug_pretrain.models.config_io import CONFIG_FILE
+    from mplug_pretrain.models.folder.config_io import CONFIG_FILE
     config = _read_json(os.path.join(directory, CONFIG_FILE)) or {}
     run, metrics = _run_folder(directory)
     vision, text, fusion, decoder = (config.get(k) or {} for k in ("vision", "text", "fusion", "decoder"))

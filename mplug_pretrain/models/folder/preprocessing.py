@@ -51,7 +51,7 @@ def write_inference_files(directory: str, tokenizer_path: str | None, max_text_l
     (``tokenizer_path``: a folder with vocab.txt; None = the default bert-base-uncased vocabulary) and
     ``preprocessing.json``. -> the file names written."""
     from mplug_pretrain.data.tokenizer import load_tokenizer, save_tokenizer
-    from mplug_pretrain.models.config_io import CONFIG_FILE, read_model_config
+    from mplug_pretrain.models.folder.config_io import CONFIG_FILE, read_model_config
     image_size = read_model_config(os.path.join(directory, CONFIG_FILE)).vision.image_size
     written = save_tokenizer(load_tokenizer(tokenizer_path), directory)
     Preprocessing(image_size=image_size, max_text_len=max_text_len).save(directory)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID
+from mplug_pretrain.models.decoders.api import BOS_ID, EOS_ID
 
 
 def check_answer_tokens(answer_ids: torch.Tensor, answer_mask: torch.Tensor) -> None:

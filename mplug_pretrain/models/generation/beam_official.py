@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mplug_pretrain.models.decoder_api import EOS_ID, PAD_ID
-from mplug_pretrain.models.generation import BeamOutput, _next_logits, beam_start
+from mplug_pretrain.models.decoders.api import EOS_ID, PAD_ID
+from mplug_pretrain.models.generation.decoding import BeamOutput, _next_logits, beam_start
 
 
 def gnmt_length_penalty(length: int | torch.Tensor, alpha: float):

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, PAD_ID
+from mplug_pretrain.models.decoders.api import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclass

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.beam_official import mplug_official_beam_search
-from mplug_pretrain.models.generation import LENGTH_PENALTY_FORMS, BeamOutput, beam_search
+from mplug_pretrain.models.generation.beam_official import mplug_official_beam_search
+from mplug_pretrain.models.generation.decoding import LENGTH_PENALTY_FORMS, BeamOutput, beam_search
 from mplug_pretrain.utils.atomic_files import write_json_atomic
 from mplug_pretrain.utils.typed_dataclass import read_json_dataclass
 from mplug_pretrain.utils.value_checks import check_choice, check_positive

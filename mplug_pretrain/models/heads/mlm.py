@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, MASK_ID, PAD_ID
+from mplug_pretrain.models.decoders.api import BOS_ID, EOS_ID, MASK_ID, PAD_ID
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead
 
 UNK_ID = 100

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, PAD_ID
+from mplug_pretrain.models.decoders.api import BOS_ID, EOS_ID, PAD_ID
 from mplug_pretrain.utils.host_syncs import check_on_device
 
 

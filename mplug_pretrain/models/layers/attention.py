@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mplug_pretrain.models.dropout import attention_with_dropout
+from mplug_pretrain.models.layers.dropout import attention_with_dropout
 
 
 def attention_dtype(device: torch.device) -> torch.dtype:

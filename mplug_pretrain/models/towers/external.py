@@ -10,7 +10,7 @@ Token 0: the tower's own pooled representation (timm: ``forward_head(pre_logits=
 ``fc_norm`` for ViT / EVA, SigLIP's attention pool, the mean for towers that average; open_clip: ``ln_post`` of
 [CLS]); a tower without pooling gives its [CLS], else the mean of the patch tokens.
 Register tokens are dropped. ``width`` is the tower's output width: a projection to the text width follows when
-they differ (models/vision.py), as the official code does for ViT-L.
+they differ (models/towers/vision.py), as the official code does for ViT-L.
 
 Weights: ``vision.checkpoint_path`` (a safetensors file, or a torch file read with ``weights_only=True``) with the
 tower's own keys (open_clip: a full CLIP checkpoint's ``visual.*`` keys are taken), or

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mplug_pretrain.models.attention import MultiHeadAttention, key_padding_bias
-from mplug_pretrain.models.checkpointing import run_layer
-from mplug_pretrain.models.dropout import Dropout
+from mplug_pretrain.models.layers.attention import MultiHeadAttention, key_padding_bias
+from mplug_pretrain.models.layers.checkpointing import run_layer
+from mplug_pretrain.models.layers.dropout import Dropout
 
 BERT_LN_EPS = 1e-12
 

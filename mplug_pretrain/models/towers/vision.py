@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.backbones.external import ExternalTower, parse_backbone
-from mplug_pretrain.models.checkpointing import run_layer
-from mplug_pretrain.models.decoder_factory import build_visual_refiner
+from mplug_pretrain.models.decoders.factory import build_visual_refiner
+from mplug_pretrain.models.layers.checkpointing import run_layer
 from mplug_pretrain.models.model_config import VisionConfig, VisualRefinerConfig
+from mplug_pretrain.models.towers.external import ExternalTower, parse_backbone
 
 CLIP_LN_EPS = 1e-5
 
@@ -167,7 +167,7 @@ class ImageEncoder(nn.Module):
 
 def states_from_vit_tokens(image_encoder: ImageEncoder, tokens: torch.Tensor) -> torch.Tensor:
     """The part of ``ImageEncoder.forward`` after the ViT: tokens [B, 1+M, D_vit] -> states [B, 1+M, D].
-    Used alone on cached or frozen-ViT tokens (train/feature_cache.py)."""
+    Used alone on cached or frozen-ViT tokens (tasks/caption/feature_cache.py)."""
     x = tokens
     if image_encoder.projection is not None:
         x = image_encoder.projection(x)

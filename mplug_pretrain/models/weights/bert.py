@@ -193,8 +193,8 @@ def probe_text_spread(text_encoder: nn.Module, pooling: str, vocab_size: int, ca
     """Mean pairwise cosine of the pooled text states of ``captions`` distinct random word sequences
     ([CLS] w_1 .. w_n [SEP], ids from BERT's word-piece range 1000+): near 1 when the pooled vector
     ignores the words. Eval mode, no gradient; the encoder's mode is restored."""
-    from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID
-    from mplug_pretrain.models.text import pool_text
+    from mplug_pretrain.models.decoders.api import BOS_ID, EOS_ID
+    from mplug_pretrain.models.towers.text import pool_text
     g = torch.Generator().manual_seed(seed)
     device = next(text_encoder.parameters()).device
     ids = torch.randint(min(1000, vocab_size - 1), vocab_size, (captions, length), generator=g)

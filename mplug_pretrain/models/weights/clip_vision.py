@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from mplug_pretrain.models.vision import VisionTransformer, resize_positional_embedding
+from mplug_pretrain.models.towers.vision import VisionTransformer, resize_positional_embedding
 
 TIMM_BLOCK_KEYS = {
     "norm1": "ln_1", "attn.qkv.weight": "attn.in_proj_weight", "attn.qkv.bias": "attn.in_proj_bias",

@@ -1,4 +1,4 @@
-"""Read side of the frozen-feature cache (written by ``train/feature_cache.py``): the row key of a sample,
+"""Read side of the frozen-feature cache (written by ``tasks/caption/feature_cache.py``): the row key of a sample,
 the memory-mapped cache folder, and the caption format whose "image" is the image's cached ViT tokens.
 
 A cache folder ``<root>/<fingerprint>/``:
@@ -15,9 +15,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from mplug_pretrain.data.formats import image_id_of
-from mplug_pretrain.data.image_decode import SampleError, decode_json, decode_text
-from mplug_pretrain.data.loader_spec import LoaderSpec
+from mplug_pretrain.data.formats.image_decode import SampleError, decode_json, decode_text
+from mplug_pretrain.data.formats.samples import image_id_of
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import DataError
 
@@ -111,5 +111,5 @@ class CachedCaptionFormat:
 def build_cached_loader(spec: LoaderSpec, cache: FeatureCache, tokenizer, text_fn: Callable[[str], str],
                         max_text_len: int):
     """A ``ShardLoader`` of cached-feature caption batches over the shards of ``spec``."""
-    from mplug_pretrain.data.pipeline import build_loader
+    from mplug_pretrain.data.reading.pipeline import build_loader
     return build_loader(spec, CachedCaptionFormat(cache, tokenizer, max_text_len, text_fn))

@@ -9,10 +9,10 @@ from collections.abc import Callable
 import torch
 
 from mplug_pretrain.config import Config
-from mplug_pretrain.data.caption_text import clean_caption
-from mplug_pretrain.data.formats import ImageTextFormat, image_id_of
+from mplug_pretrain.data.formats.samples import ImageTextFormat, image_id_of
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import DataError
+from mplug_pretrain.tasks.caption.text import clean_caption
 
 
 class CaptionText:
@@ -73,11 +73,11 @@ def load_references(cfg: Config) -> dict[int, list[str]]:
     is decoded; ids as the loader computes them)."""
     c = cfg.caption
     if c.coco_json:
-        from mplug_pretrain.data.write_coco import load_caption_json
+        from mplug_pretrain.data.writers.coco import load_caption_json
         images = load_caption_json(c.coco_json, c.image_root or "", "train,restval")
         return {img.image_id: list(img.captions) for img in images}
-    from mplug_pretrain.data.image_decode import SampleError, decode_json, decode_text
-    from mplug_pretrain.data.urls import all_shards, expand_sources
+    from mplug_pretrain.data.formats.image_decode import SampleError, decode_json, decode_text
+    from mplug_pretrain.data.reading.urls import all_shards, expand_sources
     refs: dict[int, list[str]] = {}
     for url in all_shards(expand_sources(c.train_shards)):
         for key, fields in _tar_samples(url):

@@ -24,10 +24,10 @@ import torch.distributed as dist
 from torch import nn
 
 from mplug_pretrain.config import Config
-from mplug_pretrain.eval.common import beside_metrics, load_eval_model, metrics_path, write_metrics
-from mplug_pretrain.models.generation_settings import GENERATION_FILE, GenerationSettings  # noqa: F401 (re-export)
+from mplug_pretrain.models.generation.packed_decoding import packed_for_decoding
+from mplug_pretrain.models.generation.settings import GENERATION_FILE, GenerationSettings  # noqa: F401 (re-export)
 from mplug_pretrain.models.inference import caption_images
-from mplug_pretrain.models.packed_decoding import packed_for_decoding
+from mplug_pretrain.tasks.evaluation import beside_metrics, load_eval_model, metrics_path, write_metrics
 from mplug_pretrain.utils import process_group
 
 
@@ -64,8 +64,8 @@ def gather_to_all(predictions: dict, references: dict) -> tuple[dict, dict]:
 
 def fast_cider_d(predictions: dict[int, str], references: dict[int, list[str]]) -> float:
     """Corpus CIDEr-D (raw scale) of the predictions, df from these references, on clean_caption words."""
-    from mplug_pretrain.data.caption_text import clean_caption
-    from mplug_pretrain.eval.cider_d import cider_d
+    from mplug_pretrain.metrics.cider_d import cider_d
+    from mplug_pretrain.tasks.caption.text import clean_caption
     ids = sorted(predictions)
     if not ids:
         raise ValueError("predictions: empty")
@@ -74,8 +74,8 @@ def fast_cider_d(predictions: dict[int, str], references: dict[int, list[str]]) 
 
 
 def eval_loader(shards: str, image_size: int, cfg: Config):
-    from mplug_pretrain.data.loader_spec import LoaderSpec
-    from mplug_pretrain.data.pipeline import build_caption_eval_loader
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.pipeline import build_caption_eval_loader
     spec = LoaderSpec.evaluation(shards, cfg.eval.batch_size, cfg.eval.num_workers, rank=process_group.rank(),
                                  world_size=process_group.world_size())
     return build_caption_eval_loader(spec, image_size=image_size)
@@ -85,7 +85,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
                    extra: dict | None = None) -> dict:
     """Caption ``shards``, score with pycocoevalcap on rank 0, write the metrics JSON ``out`` and the
     predictions beside it. Returns the metrics (empty on other ranks)."""
-    from mplug_pretrain.eval.caption_metrics import check_java, score_captions, write_caption_results
+    from mplug_pretrain.metrics.captions import check_java, score_captions, write_caption_results
     if cfg.eval.caption_metrics == "coco":
         check_java()  # before generating, not after
     device = next(model.parameters()).device
@@ -112,7 +112,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, shards: str, out: s
 def run(cfg: Config, checkpoint: str, out: str | None = None) -> dict:
     """`mplug eval caption --config FILE --checkpoint DIR [--out FILE]` -> metrics dict."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.eval.inputs import require_inputs
+    from mplug_pretrain.tasks.eval_inputs import require_inputs
     require_inputs("caption", cfg)
     shards = cfg.eval.shards or cfg.caption.val_shards
     model = load_eval_model(cfg, checkpoint)

@@ -5,7 +5,7 @@ What is cached: the ViT tokens ``model.image_encoder.vit(image)`` [1 + M, D_vit]
 (resize + centre crop, no augmentation). What still runs at every step, with gradient: the projection
 and the visual refiner (``models.vision.states_from_vit_tokens``), the text encoder, fusion and decoder.
 
-The folder layout and its read side (``FeatureCache``, ``CachedCaptionFormat``) are in data/cached_features.py.
+The folder layout and its read side (``FeatureCache``, ``CachedCaptionFormat``) are in tasks/caption/cached_features.py.
 Rows are keyed by "<shard>#<image id>" (``cache_key``; the id is ``data.formats.image_id_of``: json
 ``image_id``, else a hash of the sample key), so the captions of one image in a pair-layout shard share one
 row, and two data sets that number their images alike never share one. The fingerprint hashes the ViT
@@ -25,11 +25,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from mplug_pretrain.data.cached_features import DTYPES, META, cache_key
-from mplug_pretrain.data.epoch_plan import derive_seed
-from mplug_pretrain.data.image_decode import decode_image, decode_json, image_field
-from mplug_pretrain.data.urls import all_shards, expand_sources
+from mplug_pretrain.data.formats.image_decode import decode_image, decode_json, image_field
+from mplug_pretrain.data.reading.epoch_plan import derive_seed
+from mplug_pretrain.data.reading.urls import all_shards, expand_sources
 from mplug_pretrain.errors import DataError
+from mplug_pretrain.tasks.caption.cached_features import DTYPES, META, cache_key
 from mplug_pretrain.utils import process_group
 from mplug_pretrain.utils.atomic_files import atomic_write, write_json_atomic
 
@@ -80,8 +80,8 @@ def build_feature_cache(model: nn.Module, urls: str, root: str, image_size: int,
     """Cache ``model.image_encoder.vit`` features of every image of ``urls``; returns the cache folder.
     Nothing is recomputed when a complete cache with the same fingerprint exists. Under torch.distributed
     every rank caches its share of the shards (call it on every rank)."""
-    from mplug_pretrain.data.loader_spec import LoaderSpec
-    from mplug_pretrain.data.pipeline import build_loader
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.pipeline import build_loader
     from mplug_pretrain.data.transforms import build_eval_transform
     if dtype not in DTYPES:
         raise ValueError(f"caption.feature_dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")

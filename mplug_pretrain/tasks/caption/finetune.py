@@ -4,9 +4,9 @@ optimisation; ExpansionNet v2 §IV-A: the fast recipe A-D with a frozen, cached 
 One batch from shard to loss:
   shards (pair layout) -> text = "<prompt> <clean caption>", tokenized "[CLS] a picture of c_1..c_n [SEP]";
       image (eval transform, or train augmentation when caption.augment) or, in cached stages, the image's
-      cached ViT features (train/feature_cache.py)
-  losses: train/caption_losses.py (xe, scst); model: train/caption_model.py; text, format and training
-      references: train/caption_data.py
+      cached ViT features (tasks/caption/feature_cache.py)
+  losses: tasks/caption/losses.py (xe, scst); model: tasks/caption/model.py; text, format and training
+      references: tasks/caption/data.py
 Stages run in order, each a ``run_training`` call (DeepSpeed, schedule,
 checkpoints, log) in <run dir>/<i>_<name>/, initialised from the previous stage's model/ folder; the first
 from ``init_from`` (random init saved to <run dir>/0_init/model when there is none).
@@ -28,14 +28,14 @@ import torch
 from torch import nn
 
 from mplug_pretrain.config import Config, StageConfig
-from mplug_pretrain.data.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.train.caption_data import CaptionImageFormat, CaptionText, load_references, prompt_ids
-from mplug_pretrain.train.caption_losses import scst_batch_loss, xe_batch_loss
-from mplug_pretrain.train.caption_model import captioner, load_caption_model, training_image_size
+from mplug_pretrain.tasks.caption.data import CaptionImageFormat, CaptionText, load_references, prompt_ids
+from mplug_pretrain.tasks.caption.losses import scst_batch_loss, xe_batch_loss
+from mplug_pretrain.tasks.caption.model import captioner, load_caption_model, training_image_size
+from mplug_pretrain.tasks.caption.scst import CiderDReward
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training, seed_everything
-from mplug_pretrain.train.scst import CiderDReward
 from mplug_pretrain.utils.atomic_files import write_json_atomic
 from mplug_pretrain.utils.process_group import barrier, rank
 
@@ -82,7 +82,7 @@ class CaptionStage:
         self.prompt = prompt_ids(tokenizer, cfg.caption.generation.prompt)
         self.cache = None
         if cache_folder is not None:
-            from mplug_pretrain.data.cached_features import FeatureCache
+            from mplug_pretrain.tasks.caption.cached_features import FeatureCache
             self.cache = FeatureCache(cache_folder)
 
     def build_model(self, cfg: Config) -> nn.Module:
@@ -92,10 +92,10 @@ class CaptionStage:
         return model
 
     def make_loader(self, cfg: Config, spec: LoaderSpec):
-        from mplug_pretrain.data.pipeline import build_loader
+        from mplug_pretrain.data.reading.pipeline import build_loader
         from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
         if self.cache is not None:
-            from mplug_pretrain.data.cached_features import build_cached_loader
+            from mplug_pretrain.tasks.caption.cached_features import build_cached_loader
             return build_cached_loader(spec, self.cache, self.tokenizer, self.text_fn, cfg.data.max_text_len)
         transform = (build_train_transform if cfg.caption.augment else build_eval_transform)(self.image_size)
         fmt = CaptionImageFormat(transform, self.tokenizer, cfg.data.max_text_len, self.image_size, self.text_fn)
@@ -117,10 +117,15 @@ class CaptionStage:
 def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> dict[str, float]:
     """Held-out scores of a stage's model on caption.val_shards (every rank takes its share):
     {"cider_d": beam-search CIDEr-D, "sample_cider_d": mean CIDEr-D of caption.scst_samples sampled captions
-    per image, the SCST objective on held-out images (train/sampled_cider.py)}."""
-    from mplug_pretrain.eval.caption_task import eval_loader, fast_cider_d, gather_to_all, generate_captions
+    per image, the SCST objective on held-out images (tasks/caption/sampled_cider.py)}."""
     from mplug_pretrain.models.mplug import MPLUG
-    from mplug_pretrain.train.sampled_cider import sampled_cider_d
+    from mplug_pretrain.tasks.caption.evaluate import (
+        eval_loader,
+        fast_cider_d,
+        gather_to_all,
+        generate_captions,
+    )
+    from mplug_pretrain.tasks.caption.sampled_cider import sampled_cider_d
     c = cfg.caption
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = MPLUG.from_pretrained(model_dir).float().to(device).eval()
@@ -133,7 +138,7 @@ def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> dict[str, float]:
 
 
 def _cache_for(stage_cfg: Config, image_size: int) -> str:
-    from mplug_pretrain.train.feature_cache import build_feature_cache
+    from mplug_pretrain.tasks.caption.feature_cache import build_feature_cache
     c = stage_cfg.caption
     model = load_caption_model(stage_cfg.init_from, stage_cfg.model, image_size)
     model.to("cuda" if torch.cuda.is_available() else "cpu")
@@ -198,8 +203,8 @@ def run(cfg: Config, resume: str | None = None) -> dict:
 def _final_metrics(cfg: Config, model_dir: str, tokenizer, stages: list[dict]) -> dict:
     """pycocoevalcap metrics of the final model (caption.final_eval) plus every stage's fast CIDEr-D,
     written to <run dir>/metrics.json."""
-    from mplug_pretrain.eval.caption_task import evaluate_model
     from mplug_pretrain.models.mplug import MPLUG
+    from mplug_pretrain.tasks.caption.evaluate import evaluate_model
     per_stage = {f"{key}_{s['stage']}": s[key] for s in stages for key in ("cider_d", "sample_cider_d") if key in s}
     out = os.path.join(cfg.run_dir, "metrics.json")
     if cfg.caption.val_shards and cfg.caption.final_eval == "coco":

@@ -5,7 +5,7 @@
   xe    memory = fuse(V, "[CLS] a picture of [SEP]"); the decoder reads "[CLS] c_1..c_n" and predicts
         "c_1..c_n [SEP]": token-mean cross-entropy (optional label smoothing): MPLUG.caption_loss_from_states
   scst  one row per distinct image; k samples from the decoder over that memory; CIDEr-D reward against the
-        image's training references with the leave-one-out baseline; dropout off (train/scst.py)
+        image's training references with the leave-one-out baseline; dropout off (tasks/caption/scst.py)
 Padding rows (is_pad) take no part; a batch of padding only gives a zero loss (weight 0 on row 0), so every
 rank still runs the same forward/backward.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mplug_pretrain.models.vision import states_from_vit_tokens
-from mplug_pretrain.train.scst import CiderDReward, policy_mode, scst_loss
+from mplug_pretrain.models.towers.vision import states_from_vit_tokens
+from mplug_pretrain.tasks.caption.scst import CiderDReward, policy_mode, scst_loss
 
 
 def real_rows(batch: dict) -> list[int]:

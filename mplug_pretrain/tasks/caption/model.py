@@ -10,7 +10,7 @@ from torch import nn
 from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.model_config import ModelConfig
-from mplug_pretrain.train.finetune_image_size import finetune_image_size
+from mplug_pretrain.tasks.finetuning import finetune_image_size
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ def image_id_from_path(path: str) -> int | str:
 def load_image(path: str, transform) -> torch.Tensor:
     from PIL import Image
 
-    from mplug_pretrain.data.image_decode import to_rgb
+    from mplug_pretrain.data.formats.image_decode import to_rgb
     try:
         with Image.open(path) as image:
             return transform(to_rgb(image))

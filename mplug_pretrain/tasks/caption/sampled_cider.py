@@ -14,10 +14,10 @@ import torch
 from torch import nn
 
 from mplug_pretrain.data.tokenizer import tokenize
-from mplug_pretrain.eval.caption_task import gather_to_all
-from mplug_pretrain.models.generation import sample
-from mplug_pretrain.models.packed_decoding import packed_for_decoding
-from mplug_pretrain.train.scst import CiderDReward, decode_samples
+from mplug_pretrain.models.generation.decoding import sample
+from mplug_pretrain.models.generation.packed_decoding import packed_for_decoding
+from mplug_pretrain.tasks.caption.evaluate import gather_to_all
+from mplug_pretrain.tasks.caption.scst import CiderDReward, decode_samples
 from mplug_pretrain.utils import process_group
 
 

@@ -39,16 +39,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from mplug_pretrain.data.caption_text import clean_caption
-from mplug_pretrain.eval.cider_d import CiderD
-from mplug_pretrain.models.decoder_api import EOS_ID
-from mplug_pretrain.models.generation import (
+from mplug_pretrain.metrics.cider_d import CiderD
+from mplug_pretrain.models.decoders.api import EOS_ID
+from mplug_pretrain.models.generation.decoding import (
     expand_memory,
     sample,
     sample_with_grad,
     sequence_log_probs,
     token_mask,
 )
+from mplug_pretrain.tasks.caption.text import clean_caption
 
 EOS_WORD = "<eos>"  # never produced by clean_caption, so it cannot collide with a word
 RewardFn = Callable[[Sequence[int], Sequence[str], Sequence[bool]], np.ndarray]

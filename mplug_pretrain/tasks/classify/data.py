@@ -1,4 +1,4 @@
-"""Sample format of the classification tasks (SNLI-VE, NLVR2; shards from data/write_classification.py).
+"""Sample format of the classification tasks (SNLI-VE, NLVR2; shards from data/writers/classification.py).
 
 ClassificationFormat(images=1): the sample's image;  images=2: its ``left.<ext>`` and ``right.<ext>`` images.
 Batch: images float32 [B, I, 3, H, W]; input_ids, attention_mask long [B, T] (the statement); label long [B]
@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mplug_pretrain.data.epoch_plan import derive_seed
-from mplug_pretrain.data.image_decode import (
+from mplug_pretrain.data.formats.image_decode import (
     IMAGE_EXTENSIONS,
     SampleError,
     decode_image,
@@ -20,7 +19,8 @@ from mplug_pretrain.data.image_decode import (
     decode_text,
     image_field,
 )
-from mplug_pretrain.data.synthetic_statements import NLVR2_LABELS, SNLI_VE_LABELS
+from mplug_pretrain.data.reading.epoch_plan import derive_seed
+from mplug_pretrain.data.synthetic.statements import NLVR2_LABELS, SNLI_VE_LABELS
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.data.transforms import seeded_transform
 

@@ -16,9 +16,10 @@ import torch
 from torch import nn
 
 from mplug_pretrain.config import Config
-from mplug_pretrain.data.classification_format import TASKS, ClassificationFormat, ClassificationTask
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.eval.common import (
+from mplug_pretrain.tasks.classify.data import TASKS, ClassificationFormat, ClassificationTask
+from mplug_pretrain.tasks.eval_inputs import require_inputs
+from mplug_pretrain.tasks.evaluation import (
     beside_metrics,
     eval_autocast,
     eval_device,
@@ -27,12 +28,11 @@ from mplug_pretrain.eval.common import (
     real_rows,
     write_metrics,
 )
-from mplug_pretrain.eval.inputs import require_inputs
 
 
 def classification_loader(cfg: Config, task: ClassificationTask, tokenizer, image_size: int, spec):
     """The task's shards as ``spec`` says; training augmentation only when ``spec`` shuffles (training)."""
-    from mplug_pretrain.data.pipeline import build_loader
+    from mplug_pretrain.data.reading.pipeline import build_loader
     from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
     augment = getattr(cfg, task.section).augment and spec.shuffle
     transform = build_train_transform(image_size) if augment else build_eval_transform(image_size)
@@ -71,7 +71,7 @@ def score(records: list[dict], labels: tuple[str, ...]) -> dict:
 
 def evaluate_model(model: nn.Module, cfg: Config, task: ClassificationTask, tokenizer, out: str,
                    checkpoint: str | None = None) -> dict:
-    from mplug_pretrain.data.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
     section = getattr(cfg, task.section)
     require_inputs(task.name, cfg)
     if model.classifier is None or model.config.heads.classifier_classes != len(task.labels):

@@ -5,7 +5,7 @@
 From ``init_from`` (a pretrained or converted model folder) a new classifier is attached (BERT init); the
 pretraining heads and the decoder take no part and are frozen, ``<section>.freeze`` may freeze encoders and
 fusion too. The shared loop (train/loop.py) trains; rank 0 then evaluates <run_dir>/model on
-``<section>.val_shards`` (eval/classify_task.py) into <run_dir>/metrics.json.
+``<section>.val_shards`` (tasks/classify/evaluate.py) into <run_dir>/metrics.json.
 """
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from mplug_pretrain.config import Config
-from mplug_pretrain.data.classification_format import TASKS, ClassificationTask
-from mplug_pretrain.data.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.tasks.classify.data import TASKS, ClassificationTask
+from mplug_pretrain.tasks.finetuning import finetune_image_size, initial_model
+from mplug_pretrain.tasks.vqa.finetune import freeze_parts, freeze_pretraining_heads
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.finetune_image_size import finetune_image_size, initial_model
 from mplug_pretrain.train.loop import TrainTask, run_training
-from mplug_pretrain.train.vqa_task import freeze_parts, freeze_pretraining_heads
 
 
 def classification_loss(model: nn.Module, batch: dict) -> torch.Tensor:
@@ -50,7 +50,7 @@ def build_model(cfg: Config, task: ClassificationTask) -> nn.Module:
 def run(cfg: Config, resume: str | None = None, task: str = "snli-ve") -> dict:
     """Fine-tune, then evaluate the final model on <section>.val_shards (if set) -> {"summary", "metrics"}."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.eval.classify_task import classification_loader
+    from mplug_pretrain.tasks.classify.evaluate import classification_loader
     spec = TASKS[task]
     section = getattr(cfg, spec.section)
     if not section.train_shards:
@@ -77,8 +77,8 @@ def run(cfg: Config, resume: str | None = None, task: str = "snli-ve") -> dict:
 
 
 def _evaluate_final_model(cfg: Config, spec: ClassificationTask, tokenizer) -> dict:
-    from mplug_pretrain.eval.classify_task import evaluate_model
     from mplug_pretrain.models.mplug import MPLUG
+    from mplug_pretrain.tasks.classify.evaluate import evaluate_model
     from mplug_pretrain.utils.process_group import barrier, rank
     metrics: dict = {}
     if rank() == 0:

@@ -1,4 +1,4 @@
-"""Sample format of visual grounding (shards from data/write_grounding.py).
+"""Sample format of visual grounding (shards from data/writers/grounding.py).
 
 Sample: <image ext>; json {"text": referring expression, "bbox": [x, y, w, h] in pixels of the stored image,
 "width", "height" (the stored image's size), "ref_id"}.
@@ -13,7 +13,13 @@ from __future__ import annotations
 import torch
 import torchvision.transforms as T
 
-from mplug_pretrain.data.image_decode import SampleError, decode_image, decode_json, decode_text, image_field
+from mplug_pretrain.data.formats.image_decode import (
+    SampleError,
+    decode_image,
+    decode_json,
+    decode_text,
+    image_field,
+)
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.data.transforms import CLIP_MEAN, CLIP_STD
 

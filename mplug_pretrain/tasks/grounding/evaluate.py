@@ -1,8 +1,8 @@
 """`mplug eval grounding`: locate the referred object of each example of ``grounding.val_shards`` with a model
 folder, score, write files.
 
-    image, expression -> MPLUG memory -> decoder greedily emits 4 coordinate tokens (models/grounding.py) -> box
-    Acc@0.5        share of examples whose box has IoU >= 0.5 with the gold box (eval/box_metrics.py); mean IoU
+    image, expression -> MPLUG memory -> decoder greedily emits 4 coordinate tokens (tasks/grounding/model.py) -> box
+    Acc@0.5        share of examples whose box has IoU >= 0.5 with the gold box (metrics/boxes.py); mean IoU
     centre_box     Acc@0.5 of a constant answer: a box centred in the image with the mean width and height of the
                    evaluated gold boxes (what a model ignoring image and text could score)
     files          the metrics JSON (``out`` | eval.output | <run_dir>/metrics_grounding.json) and the predictions
@@ -19,8 +19,9 @@ from torch import nn
 
 from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.eval.box_metrics import accuracy_at, paired_iou, xywh_to_xyxy
-from mplug_pretrain.eval.common import (
+from mplug_pretrain.metrics.boxes import accuracy_at, paired_iou, xywh_to_xyxy
+from mplug_pretrain.tasks.eval_inputs import require_inputs
+from mplug_pretrain.tasks.evaluation import (
     beside_metrics,
     eval_autocast,
     eval_device,
@@ -29,15 +30,14 @@ from mplug_pretrain.eval.common import (
     real_rows,
     write_metrics,
 )
-from mplug_pretrain.eval.inputs import require_inputs
-from mplug_pretrain.models.grounding import CoordinateTokens, predict_boxes
+from mplug_pretrain.tasks.grounding.model import CoordinateTokens, predict_boxes
 
 IOU_THRESHOLD = 0.5
 
 
 def grounding_loader(cfg: Config, tokenizer, image_size: int, spec):
-    from mplug_pretrain.data.grounding_format import GroundingFormat
-    from mplug_pretrain.data.pipeline import build_loader
+    from mplug_pretrain.data.reading.pipeline import build_loader
+    from mplug_pretrain.tasks.grounding.data import GroundingFormat
     return build_loader(spec, GroundingFormat(tokenizer, cfg.data.max_text_len, image_size))
 
 
@@ -78,7 +78,7 @@ def score(records: list[dict]) -> dict:
 
 
 def evaluate_model(model: nn.Module, cfg: Config, tokenizer, out: str, checkpoint: str | None = None) -> dict:
-    from mplug_pretrain.data.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
     require_inputs("grounding", cfg)
     device = eval_device()
     model = model.to(device).eval()
@@ -101,7 +101,7 @@ def evaluate_model(model: nn.Module, cfg: Config, tokenizer, out: str, checkpoin
 def run(cfg: Config, checkpoint: str, out: str | None = None) -> dict:
     """`mplug eval grounding --checkpoint DIR`."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.models.config_io import CONFIG_FILE, read_model_config
+    from mplug_pretrain.models.folder.config_io import CONFIG_FILE, read_model_config
     config_file = os.path.join(checkpoint, CONFIG_FILE)
     trained = read_model_config(config_file).vision.image_size if os.path.isfile(config_file) else None
     if cfg.eval.image_size is not None and trained is not None and cfg.eval.image_size != trained:

@@ -1,5 +1,5 @@
 """`mplug finetune grounding`: the decoder generates the referred object's box as 4 coordinate tokens
-(models/grounding.py), as the official mPLUG grounding code does.
+(tasks/grounding/model.py), as the official mPLUG grounding code does.
 
     batch: images [B, 3, S, S], expression ids / mask [B, T], boxes [B, 4] (normalised xywh)
     CE_bt   = cross-entropy of coordinate token t of row b (softmax over the S+1 coordinate tokens, teacher forced)
@@ -8,7 +8,7 @@
     L       = mean over real rows b and t of w_bt * CE_bt   (is_pad fillers excluded; a batch of fillers gives 0)
 From ``init_from`` (a pretrained or converted model folder); the pretraining heads take no part and are frozen,
 ``grounding.freeze`` may freeze encoders and fusion too. The shared loop (train/loop.py) trains; rank 0 then
-evaluates <run_dir>/model on ``grounding.val_shards`` (eval/grounding_task.py) into <run_dir>/metrics.json.
+evaluates <run_dir>/model on ``grounding.val_shards`` (tasks/grounding/evaluate.py) into <run_dir>/metrics.json.
 """
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from mplug_pretrain.config import Config
-from mplug_pretrain.data.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.eval.box_metrics import paired_giou, xywh_to_xyxy
-from mplug_pretrain.models.grounding import CoordinateTokens, teacher_forced_logits
+from mplug_pretrain.metrics.boxes import paired_giou, xywh_to_xyxy
+from mplug_pretrain.tasks.final_evaluation import evaluate_exported_model
+from mplug_pretrain.tasks.finetuning import finetune_image_size, initial_model
+from mplug_pretrain.tasks.grounding.model import CoordinateTokens, teacher_forced_logits
+from mplug_pretrain.tasks.vqa.finetune import freeze_parts, freeze_pretraining_heads
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.final_evaluation import evaluate_exported_model
-from mplug_pretrain.train.finetune_image_size import finetune_image_size, initial_model
 from mplug_pretrain.train.loop import TrainTask, run_training
-from mplug_pretrain.train.vqa_task import freeze_parts, freeze_pretraining_heads
 
 L1_CLAMP = 5.0  # the official code clamps the L1 weight to [0, 5]
 
@@ -60,7 +60,7 @@ def build_model(cfg: Config) -> nn.Module:
 def run(cfg: Config, resume: str | None = None) -> dict:
     """Fine-tune, then evaluate the final model on grounding.val_shards (if set) -> {"summary", "metrics"}."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.eval.grounding_task import grounding_loader
+    from mplug_pretrain.tasks.grounding.evaluate import grounding_loader
     g = cfg.grounding
     if not g.train_shards:
         raise ConfigError("grounding.train_shards: required by `mplug finetune grounding` "
@@ -81,7 +81,7 @@ def run(cfg: Config, resume: str | None = None) -> dict:
                                           losses=losses), resume=resume)["summary"]
     metrics: dict = {}
     if summary["exit"] == "finished" and g.val_shards:
-        from mplug_pretrain.eval.grounding_task import evaluate_model
+        from mplug_pretrain.tasks.grounding.evaluate import evaluate_model
         metrics = evaluate_exported_model(cfg, tokenizer, evaluate_model)
     return {"summary": summary, "metrics": metrics}
 

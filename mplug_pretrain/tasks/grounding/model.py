@@ -10,7 +10,7 @@ does); the decoder then reads a prefix token and generates the box as 4 coordina
 ``bins`` is the model's input resolution (``vision.image_size``: one bin per pixel, R+1 = 337 tokens at 336 px as
 in the official code), so a saved model folder needs no extra setting. The output softmax is restricted to the
 coordinate tokens (the official code adds -10000 to every other logit; slicing the logits is the same). The loss
-and its L1 / GIoU re-weighting live in train/grounding_task.py; IoU in eval/box_metrics.py.
+and its L1 / GIoU re-weighting live in tasks/grounding/finetune.py; IoU in metrics/boxes.py.
 """
 from __future__ import annotations
 

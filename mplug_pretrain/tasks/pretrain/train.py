@@ -4,7 +4,7 @@ data.pipeline (decode, augment, tokenize) -> MPLUG.forward (models/mplug.py) -> 
 from __future__ import annotations
 
 from mplug_pretrain.config import Config
-from mplug_pretrain.data.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training
@@ -38,7 +38,7 @@ def build_model(cfg: Config):
 
 
 def build_train_loader(cfg: Config, spec: LoaderSpec):
-    from mplug_pretrain.data.pipeline import build_pretrain_loader
+    from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
     from mplug_pretrain.data.tokenizer import load_tokenizer
     return build_pretrain_loader(spec, load_tokenizer(cfg.data.tokenizer), image_size=cfg.model.vision.image_size,
                                  max_text_len=cfg.data.max_text_len, augment=cfg.data.augment)

@@ -6,7 +6,7 @@ Input (``cfg.eval``), one of:
   * ``annotations``: Karpathy ``dataset_coco.json`` / ``dataset_flickr30k.json`` (split ``eval.split``),
     a COCO captions file (``eval.split: null``), or an ALBEF/BLIP list ``[{"image": path, "caption": [..]}]``,
     with the images under ``image_root``.
-Protocol (``eval/retrieval.py``): ITC similarity of all pairs, each query's ITC top-``k_test`` re-scored by
+Protocol (``metrics/retrieval_scoring.py``): ITC similarity of all pairs, each query's ITC top-``k_test`` re-scored by
 ITM (``rerank_score``: itm | itm+itc | itc = no re-ranking). Unreadable images are skipped and counted.
 Metrics JSON: task, checkpoint, num_images, num_texts, images_skipped, txt_r1/5/10 (image -> text),
 img_r1/5/10 (text -> image), the means, MedR / MeanR, ``itc`` (the same before re-ranking), rerank_score, k_test,
@@ -23,9 +23,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from mplug_pretrain.errors import ConfigError, DataError
-from mplug_pretrain.eval.common import eval_autocast, load_eval_model, metrics_path, write_metrics
-from mplug_pretrain.eval.retrieval import embed_images, embed_texts, evaluate_retrieval
-from mplug_pretrain.eval.video_encoding import SkipReport
+from mplug_pretrain.metrics.retrieval_scoring import embed_images, embed_texts, evaluate_retrieval
+from mplug_pretrain.tasks.evaluation import eval_autocast, load_eval_model, metrics_path, write_metrics
+from mplug_pretrain.tasks.video.encoding import SkipReport
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class _ImageFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int):
-        from mplug_pretrain.data.image_decode import SampleError, decode_image
+        from mplug_pretrain.data.formats.image_decode import SampleError, decode_image
         try:
             with open(self.paths[index], "rb") as f:
                 return index, self.transform(decode_image(f.read())), None
@@ -55,8 +55,8 @@ class _ImageFiles(Dataset):
 
 def read_annotations(path: str, image_root: str, split: str | None) -> list[tuple[str, list[str]]]:
     """(image path, captions) per image from a Karpathy / COCO captions file or an ALBEF/BLIP list."""
-    from mplug_pretrain.data.write_coco import load_caption_json
-    from mplug_pretrain.data.write_common import load_json
+    from mplug_pretrain.data.writers.coco import load_caption_json
+    from mplug_pretrain.data.writers.common import load_json
     if path.endswith(".json"):
         with open(path) as f:
             head = f.read(1).strip() or " "
@@ -91,8 +91,8 @@ def _file_batches(cfg, image_size: int, skipped: SkipReport) -> ImageBatches:
 
 
 def _shard_batches(cfg, image_size: int, skipped: SkipReport) -> ImageBatches:
-    from mplug_pretrain.data.loader_spec import LoaderSpec
-    from mplug_pretrain.data.pipeline import build_caption_eval_loader
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.pipeline import build_caption_eval_loader
     spec = LoaderSpec.evaluation(cfg.eval.shards, cfg.eval.batch_size, cfg.eval.num_workers, rank=0, world_size=1)
     loader = build_caption_eval_loader(spec, image_size=image_size)  # every rank embeds every image
     for batch in loader:
@@ -147,7 +147,7 @@ def join_launched_group() -> None:
 
 def run(cfg, checkpoint: str, out: str | None = None) -> dict:
     """``mplug eval retrieval --config FILE --checkpoint DIR [--out FILE]`` -> metrics (also written).
-    Under torchrun every rank embeds the whole set and re-ranks its share of the pairs (eval/retrieval.py);
+    Under torchrun every rank embeds the whole set and re-ranks its share of the pairs (metrics/retrieval_scoring.py);
     rank 0 writes the metrics."""
     from mplug_pretrain.utils.process_group import barrier, rank, world_size
     join_launched_group()

@@ -8,7 +8,7 @@ the ITM loss", as ALBEF).
 The pretraining forward (MPLUG.forward) runs with loss weights itc 1, itm 1, mlm 0, prefixlm 0; the fine-tuned
 folder keeps those weights in its config.json. The MLM head and the decoder take no part and are frozen. After
 training rank 0 evaluates <run_dir>/model on ``retrieval.val_shards`` (ITC top-``eval.k_test`` re-ranked by ITM,
-eval/retrieval_task.py) into <run_dir>/metrics.json.
+tasks/retrieval/evaluate.py) into <run_dir>/metrics.json.
 """
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ import os
 from torch import nn
 
 from mplug_pretrain.config import Config
-from mplug_pretrain.data.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.tasks.finetuning import finetune_image_size, initial_model
+from mplug_pretrain.tasks.pretrain.train import distill_alpha
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.finetune_image_size import finetune_image_size, initial_model
 from mplug_pretrain.train.loop import TrainTask, run_training
-from mplug_pretrain.train.pretrain import distill_alpha
 
 RETRIEVAL_LOSS_WEIGHTS = {"itc": 1.0, "itm": 1.0, "mlm": 0.0, "prefixlm": 0.0}
 
@@ -38,7 +38,7 @@ def build_model(cfg: Config) -> nn.Module:
 
 def run(cfg: Config, resume: str | None = None) -> dict:
     """Fine-tune, then evaluate on retrieval.val_shards (if set) -> {"summary", "metrics"}."""
-    from mplug_pretrain.data.pipeline import build_pretrain_loader
+    from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
     from mplug_pretrain.data.tokenizer import load_tokenizer
     r = cfg.retrieval
     if not r.train_shards:
@@ -64,8 +64,8 @@ def run(cfg: Config, resume: str | None = None) -> dict:
 
 
 def _evaluate_final_model(cfg: Config) -> dict:
-    from mplug_pretrain.eval.common import load_eval_model, write_metrics
-    from mplug_pretrain.eval.retrieval_task import evaluate
+    from mplug_pretrain.tasks.evaluation import load_eval_model, write_metrics
+    from mplug_pretrain.tasks.retrieval.evaluate import evaluate
     from mplug_pretrain.utils.process_group import barrier, rank
     metrics: dict = {}
     if rank() == 0:

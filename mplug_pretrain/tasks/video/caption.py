@@ -22,15 +22,15 @@ import logging
 import torch
 
 from mplug_pretrain.errors import DataError
-from mplug_pretrain.eval.common import (
+from mplug_pretrain.tasks.evaluation import (
     beside_metrics,
     eval_autocast,
     load_eval_model,
     metrics_path,
     write_metrics,
 )
-from mplug_pretrain.eval.video_encoding import SkipReport, encoded_batches, frame_spec, video_record_batches
-from mplug_pretrain.eval.video_retrieval_task import read_caption_annotations
+from mplug_pretrain.tasks.video.encoding import SkipReport, encoded_batches, frame_spec, video_record_batches
+from mplug_pretrain.tasks.video.retrieval import read_caption_annotations
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,8 @@ def caption_videos(model, tokenizer, cfg, encoded) -> tuple[dict[str, str], dict
     """-> ({video id: generated caption}, {video id: reference captions}) for every encoded video
     (the decoder's weights packed once for the pass where that applies: models.packed_decoding)."""
     from mplug_pretrain.data.tokenizer import tokenize
+    from mplug_pretrain.models.generation.packed_decoding import packed_for_decoding
     from mplug_pretrain.models.inference import decode_generated
-    from mplug_pretrain.models.packed_decoding import packed_for_decoding
     e = cfg.eval
     prompt_ids, prompt_mask = tokenize(tokenizer, [e.generation.prompt], e.max_text_len)
     predictions, references = {}, {}
@@ -61,7 +61,7 @@ def caption_videos(model, tokenizer, cfg, encoded) -> tuple[dict[str, str], dict
 
 def run(cfg, checkpoint: str, out: str | None = None) -> dict:
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    from mplug_pretrain.eval.caption_metrics import check_java, score_captions, write_caption_results
+    from mplug_pretrain.metrics.captions import check_java, score_captions, write_caption_results
     e = cfg.eval
     if e.caption_metrics == "coco":
         check_java()  # before encoding and captioning every video, not after

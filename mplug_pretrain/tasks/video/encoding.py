@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from mplug_pretrain.data.video_frames import VideoDecodeError, decode_frames
-from mplug_pretrain.data.write_video import find_video
+from mplug_pretrain.data.formats.video_frames import VideoDecodeError, decode_frames
+from mplug_pretrain.data.writers.video import find_video
 from mplug_pretrain.errors import ConfigError
 
 MAX_EXAMPLES = 20
@@ -81,8 +81,8 @@ def shard_records(shards: str, batch_size: int, num_workers: int,
                   skipped: SkipReport) -> Iterator[list[VideoRecord]]:
     """Batches of records from video shards (raw bytes; the reader's own skips are added to ``skipped``
     when the shards are exhausted)."""
-    from mplug_pretrain.data.loader_spec import LoaderSpec
-    from mplug_pretrain.data.pipeline import build_video_loader
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.pipeline import build_video_loader
     loader = build_video_loader(LoaderSpec.evaluation(shards, batch_size, num_workers))
     for batch in loader:
         yield [VideoRecord(str(batch["video_id"][i]), batch["video_bytes"][i], list(batch["captions"][i]),

@@ -27,14 +27,14 @@ from functools import partial
 import torch
 
 from mplug_pretrain.errors import ConfigError, DataError
-from mplug_pretrain.eval.common import (
+from mplug_pretrain.tasks.evaluation import (
     beside_metrics,
     eval_autocast,
     load_eval_model,
     metrics_path,
     write_metrics,
 )
-from mplug_pretrain.eval.video_encoding import SkipReport, encoded_batches, frame_spec, video_record_batches
+from mplug_pretrain.tasks.video.encoding import SkipReport, encoded_batches, frame_spec, video_record_batches
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def load_video_mapping(path: str | None) -> dict[str, str] | None:
 def read_qa_annotations(path: str, name_format: str = "{}",
                         mapping: dict[str, str] | None = None) -> list[tuple[str, list[str], list[dict]]]:
     """(video file reference, [], [{question, answer}]) per video, in first-appearance order."""
-    from mplug_pretrain.data.write_common import load_records
+    from mplug_pretrain.data.writers.common import load_records
     records = load_records(path)
     if not isinstance(records, list):
         raise DataError(f"{path}: expected a list of question records (JSON list or JSON Lines)")
@@ -90,7 +90,7 @@ def load_answer_list(path: str) -> list[str]:
         if isinstance(data, list):
             return [str(a) for a in data]
         raise DataError(f"{path}: expected a JSON list or object of answers")
-    from mplug_pretrain.data.write_vqa import load_answer_list as load_lines
+    from mplug_pretrain.data.writers.vqa import load_answer_list as load_lines
     return load_lines(path)
 
 
@@ -105,7 +105,7 @@ def evaluated_answers(cfg, reader) -> list[str]:
         entries = reader(e.annotations, e.video_name_format)
         qa_lists = [qa for _, _, qa in entries]
     else:
-        from mplug_pretrain.eval.video_encoding import shard_records
+        from mplug_pretrain.tasks.video.encoding import shard_records
         batches = shard_records(e.shards, e.batch_size, e.num_workers, SkipReport())
         qa_lists = [record.qa for batch in batches for record in batch]
     return list(dict.fromkeys(q["answer"] for qa in qa_lists for q in qa))
@@ -128,7 +128,7 @@ class VideoAnswerer:
                  decoder: torch.nn.Module | None = None) -> list[str]:
         """``decoder``: the one generation uses (default ``model.decoder``; ``answer_videos`` packs it)."""
         from mplug_pretrain.data.tokenizer import tokenize
-        from mplug_pretrain.eval.vqa_ranking import rank_answers
+        from mplug_pretrain.models.generation.answer_ranking import rank_answers
         from mplug_pretrain.models.inference import decode_generated
         device = video_states.device
         ids, mask = tokenize(self.tokenizer, questions, self.e.max_text_len)
@@ -144,7 +144,7 @@ class VideoAnswerer:
 
 def answer_videos(answerer: VideoAnswerer, encoded, batch_size: int) -> tuple[list[dict], int]:
     """-> (one record per answered question, number of videos answered)."""
-    from mplug_pretrain.models.packed_decoding import packed_for_decoding
+    from mplug_pretrain.models.generation.packed_decoding import packed_for_decoding
     predictions, videos = [], 0
     with packed_for_decoding(answerer.model.decoder) as decoder:  # weights fixed for the pass
         for records, states, _ in encoded:

@@ -7,8 +7,8 @@ Input (``cfg.eval``), one of:
     (``MSRVTT_JSFUSION_test.csv``: ``video_id``, ``sentence``), or any JSON/JSONL list whose records name a
     video (clip_name | video_id | videoID | video | vid, file name via ``eval.video_name_format``) and carry
     caption | captions | sentence | enCap (VATEX); records of one video are merged.
-Each video: ``eval.num_frames`` frames (``frame_sampling``), encoded by ``eval/video_encoding.py``; then
-the retrieval protocol of ``eval/retrieval.py`` (ITC top-``k_test``, ITM re-rank; mPLUG's video script
+Each video: ``eval.num_frames`` frames (``frame_sampling``), encoded by ``tasks/video/encoding.py``; then
+the retrieval protocol of ``metrics/retrieval_scoring.py`` (ITC top-``k_test``, ITM re-rank; mPLUG's video script
 scores ITM + ITC: ``rerank_score: itm+itc``). Unusable videos are skipped and counted (their captions
 leave the text pool too); a video without any caption is skipped as ``no_caption``.
 Metrics JSON: txt_r1/5/10 (video -> text), vid_r1/5/10 (text -> video), means, ``itc`` (before
@@ -22,9 +22,9 @@ import logging
 import torch
 
 from mplug_pretrain.errors import DataError
-from mplug_pretrain.eval.common import eval_autocast, load_eval_model, metrics_path, write_metrics
-from mplug_pretrain.eval.retrieval import TextBank, VisualBank, embed_texts, evaluate_retrieval
-from mplug_pretrain.eval.video_encoding import (
+from mplug_pretrain.metrics.retrieval_scoring import TextBank, VisualBank, embed_texts, evaluate_retrieval
+from mplug_pretrain.tasks.evaluation import eval_autocast, load_eval_model, metrics_path, write_metrics
+from mplug_pretrain.tasks.video.encoding import (
     FrameSpec,
     SkipReport,
     VideoRecord,
@@ -41,7 +41,7 @@ CAPTION_KEYS = ("caption", "captions", "sentence", "enCap")
 
 def read_caption_annotations(path: str, name_format: str = "{}") -> list[tuple[str, list[str], list[dict]]]:
     """(video file reference, captions, []) per video, in first-appearance order (module docstring)."""
-    from mplug_pretrain.data.write_common import load_records
+    from mplug_pretrain.data.writers.common import load_records
     if path.endswith(".csv"):
         with open(path, newline="") as f:
             records = list(csv.DictReader(f))

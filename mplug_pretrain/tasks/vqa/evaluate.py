@@ -22,7 +22,13 @@ from torch import nn
 from mplug_pretrain.config import Config
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.eval.common import (
+from mplug_pretrain.metrics.vqa_accuracy import evaluate_vqa, write_vqa_submission
+from mplug_pretrain.models.generation.answer_ranking import rank_answers
+from mplug_pretrain.models.generation.packed_decoding import packed_for_decoding
+from mplug_pretrain.models.generation.settings import AnswerSettings
+from mplug_pretrain.models.inference import decode_generated
+from mplug_pretrain.tasks.eval_inputs import require_inputs
+from mplug_pretrain.tasks.evaluation import (
     beside_metrics,
     eval_autocast,
     eval_device,
@@ -31,12 +37,6 @@ from mplug_pretrain.eval.common import (
     real_rows,
     write_metrics,
 )
-from mplug_pretrain.eval.inputs import require_inputs
-from mplug_pretrain.eval.vqa_accuracy import evaluate_vqa, write_vqa_submission
-from mplug_pretrain.eval.vqa_ranking import rank_answers
-from mplug_pretrain.models.generation_settings import AnswerSettings
-from mplug_pretrain.models.inference import decode_generated
-from mplug_pretrain.models.packed_decoding import packed_for_decoding
 
 
 class AnswerPredictor:
@@ -96,7 +96,7 @@ def score_records(records: list[dict], normalization: str) -> dict:
 
 def resolve_answer_list(cfg: Config, loader, model_dir: str | None = None) -> list[str] | None:
     """vqa.answer_list, else the list kept in the model folder by its fine-tuning, else the shards' own."""
-    from mplug_pretrain.data.write_vqa import MODEL_ANSWER_LIST, load_answer_list
+    from mplug_pretrain.data.writers.vqa import MODEL_ANSWER_LIST, load_answer_list
     if cfg.vqa.answer_list:
         return load_answer_list(cfg.vqa.answer_list)
     if model_dir and os.path.isfile(os.path.join(model_dir, MODEL_ANSWER_LIST)):
@@ -106,8 +106,8 @@ def resolve_answer_list(cfg: Config, loader, model_dir: str | None = None) -> li
 
 def evaluate_model(model: nn.Module, cfg: Config, tokenizer, out: str, checkpoint: str | None = None) -> dict:
     """Answer vqa.val_shards with ``model``, write the metrics JSON and the submission; -> metrics."""
-    from mplug_pretrain.data.loader_spec import LoaderSpec
-    from mplug_pretrain.data.pipeline import build_vqa_loader
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.pipeline import build_vqa_loader
     v = cfg.vqa
     require_inputs("vqa", cfg)
     device = eval_device()

@@ -9,7 +9,7 @@ One batch from shard to loss:
       B counts the real (non-padding) questions (ALBEF/mPLUG: ``(weights * loss).sum() / batch``).
 The pretraining heads (ITC, ITM, MLM) take no part and are frozen; ``vqa.freeze`` may freeze the encoders
 and the fusion too. The shared loop (train/loop.py) does DeepSpeed, the schedule, checkpoints and
-<run_dir>/model; afterwards rank 0 evaluates that model on ``vqa.val_shards`` (eval/vqa_task.py) into
+<run_dir>/model; afterwards rank 0 evaluates that model on ``vqa.val_shards`` (tasks/vqa/evaluate.py) into
 <run_dir>/metrics.json and the submission JSON.
 """
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from mplug_pretrain.config import Config
-from mplug_pretrain.data.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.data.tokenizer import tokenize
 from mplug_pretrain.errors import ConfigError, DataError
+from mplug_pretrain.tasks.final_evaluation import evaluate_exported_model
+from mplug_pretrain.tasks.finetuning import finetune_image_size, initial_model
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.final_evaluation import evaluate_exported_model
-from mplug_pretrain.train.finetune_image_size import finetune_image_size, initial_model
 from mplug_pretrain.train.loop import TrainTask, run_training
 
 
@@ -96,8 +96,8 @@ def build_model(cfg: Config) -> nn.Module:
 
 def make_loader_builder(tokenizer):
     def make_loader(cfg: Config, spec: LoaderSpec):
-        from mplug_pretrain.data.formats import VQAFormat
-        from mplug_pretrain.data.pipeline import build_loader
+        from mplug_pretrain.data.formats.samples import VQAFormat
+        from mplug_pretrain.data.reading.pipeline import build_loader
         from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
         size = training_image_size(cfg)
         transform = build_train_transform(size) if cfg.vqa.augment else build_eval_transform(size)
@@ -124,7 +124,7 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     summary = result["summary"]
     metrics: dict = {}
     if summary["exit"] == "finished" and cfg.vqa.val_shards:
-        from mplug_pretrain.eval.vqa_task import evaluate_model
+        from mplug_pretrain.tasks.vqa.evaluate import evaluate_model
         metrics = evaluate_exported_model(cfg, tokenizer, evaluate_model)
     return {"summary": summary, "metrics": metrics}
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mplug_pretrain.data.image_decode import SampleError, decode_image, to_rgb
-from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.data.pipeline import build_pretrain_loader
-from mplug_pretrain.data.shard_writer import ShardWriter
+from mplug_pretrain.data.formats.image_decode import SampleError, decode_image, to_rgb
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
+from mplug_pretrain.data.writers.shard_writer import ShardWriter
 
 
 def encode(image: Image.Image, fmt: str) -> bytes:

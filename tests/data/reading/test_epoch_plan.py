@@ -5,13 +5,13 @@ import random
 
 import pytest
 
-from mplug_pretrain.data.epoch_plan import (
+from mplug_pretrain.data.reading.epoch_plan import (
     ExactPlan,
     local_skip,
     logical_slot,
     resampled_batches_per_slot,
 )
-from mplug_pretrain.data.urls import expand_sources
+from mplug_pretrain.data.reading.urls import expand_sources
 from mplug_pretrain.errors import ConfigError, DataError
 
 
@@ -97,12 +97,12 @@ def test_a_batch_larger_than_the_data_set_is_warned(tmp_path, tokenizer, caplog)
     import logging
 
     import torch
-
-    from mplug_pretrain.data.loader_spec import LoaderSpec
-    from mplug_pretrain.data.pipeline import build_pretrain_loader
     from tests.data.conftest import write_simple_shards
+
+    from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+    from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
     pattern, keys = write_simple_shards(str(tmp_path), [3])
-    with caplog.at_level(logging.WARNING, logger="mplug_pretrain.data.epoch_plan"):
+    with caplog.at_level(logging.WARNING, logger="mplug_pretrain.data.reading.epoch_plan"):
         loader = build_pretrain_loader(LoaderSpec(pattern, batch_size=8, shuffle=True, rank=0, world_size=1),
                                        tokenizer, image_size=32, max_text_len=16, augment=False)
         [batch] = list(loader)
@@ -115,7 +115,7 @@ def test_a_batch_larger_than_the_data_set_is_warned(tmp_path, tokenizer, caplog)
     assert f"{len(keys)} sample(s) but an epoch yields 8 rows" in record.getMessage()
     assert f": {repeats} (62%) repeat samples" in record.getMessage()
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="mplug_pretrain.data.epoch_plan"):  # a batch the data fills
+    with caplog.at_level(logging.WARNING, logger="mplug_pretrain.data.reading.epoch_plan"):  # a batch the data fills
         ExactPlan(["a", "b"], [40, 40], world_size=1, workers=1, batch_size=8, shuffle=True, seed=0)
         ExactPlan(["c"], [3], world_size=1, workers=1, batch_size=8, shuffle=False, seed=0)  # evaluation
     assert not caplog.records

@@ -6,14 +6,18 @@ import tarfile
 import numpy as np
 import pytest
 import torch
-from conftest import jpeg_bytes
 
-from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.data.pipeline import build_caption_eval_loader, build_video_loader, build_vqa_loader
-from mplug_pretrain.data.shard_writer import ShardWriter
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.pipeline import (
+    build_caption_eval_loader,
+    build_video_loader,
+    build_vqa_loader,
+)
 from mplug_pretrain.data.transforms import CLIP_MEAN, CLIP_STD
-from mplug_pretrain.data.write_easy_vqa import write_easy_vqa_shards
-from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards, write_synthetic_video_shards
+from mplug_pretrain.data.writers.easy_vqa import write_easy_vqa_shards
+from mplug_pretrain.data.writers.shard_writer import ShardWriter
+from mplug_pretrain.data.writers.synthetic import write_synthetic_image_shards, write_synthetic_video_shards
+from tests.data.shard_samples import jpeg_bytes
 
 
 def real(batches, key):
@@ -87,7 +91,7 @@ def test_video_loader_raw_bytes_and_frames(tmp_path):
     pytest.importorskip("av")
     decoded = list(build_video_loader(spec, num_frames=4, image_size=32))
     assert decoded[0]["video"].shape == (2, 4, 3, 32, 32) and decoded[0]["video"].dtype == torch.float32
-    from mplug_pretrain.data.video_frames import decode_frames
+    from mplug_pretrain.data.formats.video_frames import decode_frames
     first = decode_frames(source[decoded[0]["__key__"][0]], 4, mode="uniform")
     unnormalized = decoded[0]["video"][0] * torch.tensor(CLIP_STD)[:, None, None] + torch.tensor(CLIP_MEAN)[:, None, None]
     expected = torch.from_numpy(np.ascontiguousarray(first)).permute(0, 3, 1, 2).float() / 255

@@ -6,12 +6,12 @@ import os
 
 import pytest
 import torch
-from conftest import write_simple_shards
 from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
 
-from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.data.pipeline import build_pretrain_loader
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
 from mplug_pretrain.errors import ConfigError
+from tests.data.shard_samples import write_simple_shards
 
 UNEVEN = [7, 13, 5, 9, 11, 3, 8, 4]  # 60 samples
 

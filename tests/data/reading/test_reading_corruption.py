@@ -5,11 +5,11 @@ import os
 import tarfile
 
 import pytest
-from conftest import jpeg_bytes, simple_sample
 
-from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.data.pipeline import build_pretrain_loader
-from mplug_pretrain.data.shard_writer import ShardWriter
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
+from mplug_pretrain.data.writers.shard_writer import ShardWriter
+from tests.data.shard_samples import jpeg_bytes, simple_sample
 
 BROKEN = {  # key -> (fields replacing the good ones, counter it must land in)
     "badimg": ({"jpg": b"\x00\x01 definitely not an image"}, "corrupt_image"),

@@ -6,8 +6,8 @@ import json
 
 from PIL import Image
 
-from mplug_pretrain.data.write_coco import write_coco_shards
-from tests.data.test_classification_data import read_samples
+from mplug_pretrain.data.writers.coco import write_coco_shards
+from tests.data.shard_samples import read_samples
 
 
 def test_flickr30k_karpathy_json_in_the_pair_layout(tmp_path):

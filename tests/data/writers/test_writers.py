@@ -12,16 +12,16 @@ import pytest
 from PIL import Image
 
 from mplug_pretrain.cli.commands import make_shards
-from mplug_pretrain.data.manifest import read_manifest
-from mplug_pretrain.data.shard_writer import ShardWriter
-from mplug_pretrain.data.synthetic_scenes import COLORS, POSITION_PHRASES
-from mplug_pretrain.data.synthetic_videos import encode_mp4
-from mplug_pretrain.data.write_coco import write_coco_shards
-from mplug_pretrain.data.write_easy_vqa import write_easy_vqa_shards
-from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards, write_synthetic_video_shards
-from mplug_pretrain.data.write_table import write_table_shards
-from mplug_pretrain.data.write_video import write_video_shards
-from mplug_pretrain.data.write_vqa import write_vqa_shards
+from mplug_pretrain.data.formats.manifest import read_manifest
+from mplug_pretrain.data.synthetic.scenes import COLORS, POSITION_PHRASES
+from mplug_pretrain.data.synthetic.videos import encode_mp4
+from mplug_pretrain.data.writers.coco import write_coco_shards
+from mplug_pretrain.data.writers.easy_vqa import write_easy_vqa_shards
+from mplug_pretrain.data.writers.shard_writer import ShardWriter
+from mplug_pretrain.data.writers.synthetic import write_synthetic_image_shards, write_synthetic_video_shards
+from mplug_pretrain.data.writers.table import write_table_shards
+from mplug_pretrain.data.writers.video import write_video_shards
+from mplug_pretrain.data.writers.vqa import write_vqa_shards
 from mplug_pretrain.errors import DataError
 
 

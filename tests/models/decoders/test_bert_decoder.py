@@ -8,11 +8,11 @@ import pytest
 import torch
 from transformers import BertConfig, BertLMHeadModel, DynamicCache, EncoderDecoderCache
 
-from mplug_pretrain.models.bert_decoder import BertDecoder
-from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, PAD_ID
-from mplug_pretrain.models.generation import beam_search
+from mplug_pretrain.models.decoders.api import BOS_ID, EOS_ID, PAD_ID
+from mplug_pretrain.models.decoders.bert import BertDecoder
+from mplug_pretrain.models.generation.decoding import beam_search
+from mplug_pretrain.models.generation.packed_decoding import packed_for_decoding
 from mplug_pretrain.models.model_config import DecoderConfig
-from mplug_pretrain.models.packed_decoding import packed_for_decoding
 from mplug_pretrain.models.weights.bert import rename_bert_key, rename_lm_head_key
 
 V, W = 120, 32

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models import generation as G
-from mplug_pretrain.models.decoder_factory import build_decoder, build_visual_refiner
+from mplug_pretrain.models.decoders.factory import build_decoder, build_visual_refiner
+from mplug_pretrain.models.generation import decoding as G
 from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss
 from mplug_pretrain.models.model_config import DecoderConfig, VisualRefinerConfig
 from mplug_pretrain.models.weights.reader import load_weights_into, save_weights, tied_aliases
@@ -52,9 +52,9 @@ def batch():
 
 @zoo
 def test_the_factory_builds_the_configured_head(kind):
-    from mplug_pretrain.models.acf.decoder import ACFDecoder
-    from mplug_pretrain.models.bert_decoder import BertDecoder
-    from mplug_pretrain.models.expansionnet.decoder import ExpansionDecoder
+    from mplug_pretrain.models.decoders.acf.decoder import ACFDecoder
+    from mplug_pretrain.models.decoders.bert import BertDecoder
+    from mplug_pretrain.models.decoders.expansionnet.decoder import ExpansionDecoder
     classes = {"bert": BertDecoder, "expansion": ExpansionDecoder, "acf": ACFDecoder}
     assert type(make_decoder(kind)) is classes[ZOO[kind]["type"]]
 

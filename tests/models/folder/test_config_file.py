@@ -9,10 +9,10 @@ import json
 import pytest
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.config_io import read_model_config, write_model_config
-from mplug_pretrain.models.generation_settings import AnswerSettings, GenerationSettings
+from mplug_pretrain.models.folder.config_io import read_model_config, write_model_config
+from mplug_pretrain.models.folder.preprocessing import Preprocessing
+from mplug_pretrain.models.generation.settings import AnswerSettings, GenerationSettings
 from mplug_pretrain.models.mplug import MPLUG
-from mplug_pretrain.models.preprocessing import Preprocessing
 from mplug_pretrain.models.presets import get_preset_config
 
 
@@ -92,7 +92,7 @@ def test_fields_of_a_newer_format_are_warned_and_ignored(folder, caplog):
     edit_json(folder / "config.json", None, "format_version", 2)
     edit_json(folder / "config.json", "vision", "register_tokens", 4)
     edit_json(folder / "config.json", None, "adapter", {"rank": 8})
-    with caplog.at_level("WARNING", logger="mplug_pretrain.models.config_io"):
+    with caplog.at_level("WARNING", logger="mplug_pretrain.models.folder.config_io"):
         assert read_model_config(str(folder / "config.json")) == get_preset_config("tiny")
     [record] = caplog.records
     assert "format 2, this reader knows up to 1" in record.getMessage()

@@ -15,9 +15,9 @@ import yaml
 from safetensors.torch import load_file
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.hub import REQUIRED_FILES, push_to_hub
+from mplug_pretrain.models.folder.hub import REQUIRED_FILES, push_to_hub
+from mplug_pretrain.models.folder.preprocessing import write_inference_files
 from mplug_pretrain.models.mplug import MPLUG
-from mplug_pretrain.models.preprocessing import write_inference_files
 from mplug_pretrain.models.presets import build_model
 
 huggingface_hub = pytest.importorskip("huggingface_hub")

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import mplug_pretrain
 from mplug_pretrain.data.tokenizer import default_vocab_path
-from mplug_pretrain.models.preprocessing import write_inference_files
+from mplug_pretrain.models.folder.preprocessing import write_inference_files
 from mplug_pretrain.models.presets import build_model
 from tests.helpers import REPO_ROOT, call_mplug, run_mplug, tiny_pretrain_args
 

@@ -7,7 +7,7 @@ import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim before timm / open_clip)
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
-from mplug_pretrain.eval.vqa_ranking import rank_answers
+from mplug_pretrain.models.generation.answer_ranking import rank_answers
 from mplug_pretrain.models.presets import build_model
 
 # several lengths; distinct first word pieces, so the first-token filter keeps a well-defined set

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.beam_official import mplug_official_beam_search
-from mplug_pretrain.models.decoder_api import EOS_ID, PAD_ID, DecoderOutput
-from mplug_pretrain.models.generation import beam_search, length_normalizer
-from mplug_pretrain.models.generation_settings import GenerationSettings
+from mplug_pretrain.models.decoders.api import EOS_ID, PAD_ID, DecoderOutput
+from mplug_pretrain.models.generation.beam_official import mplug_official_beam_search
+from mplug_pretrain.models.generation.decoding import beam_search, length_normalizer
+from mplug_pretrain.models.generation.settings import GenerationSettings
 
 A, B, C = 1000, 2000, 3000
 V = 3001

@@ -6,9 +6,9 @@ import itertools
 import pytest
 import torch
 
-from mplug_pretrain.models import generation as G
-from mplug_pretrain.models.bert_decoder import BertDecoder
-from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, PAD_ID
+from mplug_pretrain.models.decoders.api import BOS_ID, EOS_ID, PAD_ID
+from mplug_pretrain.models.decoders.bert import BertDecoder
+from mplug_pretrain.models.generation import decoding as G
 from mplug_pretrain.models.model_config import DecoderConfig
 
 V, W = 110, 32

@@ -6,10 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mplug_pretrain.models import generation as G
-from mplug_pretrain.models.decoder_factory import build_decoder
+from mplug_pretrain.models.decoders.factory import build_decoder
+from mplug_pretrain.models.generation import decoding as G
+from mplug_pretrain.models.generation.packed_decoding import (
+    PackedProduct,
+    packed_for_decoding,
+    packing_available,
+)
 from mplug_pretrain.models.model_config import DecoderConfig
-from mplug_pretrain.models.packed_decoding import PackedProduct, packed_for_decoding, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch has no MKL packed GEMM")
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mplug_pretrain.models.decoder_api import BOS_ID, EOS_ID, MASK_ID, PAD_ID
+from mplug_pretrain.models.decoders.api import BOS_ID, EOS_ID, MASK_ID, PAD_ID
 from mplug_pretrain.models.heads.itc import ImageTextContrastive
 from mplug_pretrain.models.heads.itm import ImageTextMatchingHead, sample_hard_negatives
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead

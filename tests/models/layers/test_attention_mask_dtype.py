@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from mplug_pretrain.models.attention import MultiHeadAttention, cast_bias, key_padding_bias
+from mplug_pretrain.models.layers.attention import MultiHeadAttention, cast_bias, key_padding_bias
 from mplug_pretrain.models.mplug import MPLUG
 from mplug_pretrain.models.presets import get_preset_config
 
@@ -55,7 +55,7 @@ def test_every_attention_mask_has_the_query_dtype_under_bf16_autocast():
 
 
 def test_biases_are_built_in_the_autocast_dtype_not_cast_per_layer():
-    from mplug_pretrain.models.bert_decoder import causal_bias
+    from mplug_pretrain.models.decoders.bert import causal_bias
     mask = torch.tensor([[1, 1, 0]])
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert key_padding_bias(mask).dtype == torch.bfloat16

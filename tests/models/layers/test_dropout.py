@@ -1,4 +1,4 @@
-"""models/dropout.py: the CPU keep mask's rate and scaling, its gradient, seeding, and the attention path that
+"""models/layers/dropout.py: the CPU keep mask's rate and scaling, its gradient, seeding, and the attention path that
 applies it outside SDPA, checked against a softmax written out here and against SDPA itself."""
 import math
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mplug_pretrain.models.attention import MultiHeadAttention
-from mplug_pretrain.models.dropout import Dropout, attention_with_dropout, dropout
+from mplug_pretrain.models.layers.attention import MultiHeadAttention
+from mplug_pretrain.models.layers.dropout import Dropout, attention_with_dropout, dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from transformers import BertConfig, BertModel
 
-from mplug_pretrain.models.text import TextEncoder
+from mplug_pretrain.models.towers.text import TextEncoder
 from mplug_pretrain.models.weights.bert import rename_bert_key
 
 

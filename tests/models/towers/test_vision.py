@@ -12,7 +12,7 @@ from open_clip.transformer import VisionTransformer as OpenClipViT
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 
-from mplug_pretrain.models.vision import VisionTransformer, resize_positional_embedding
+from mplug_pretrain.models.towers.vision import VisionTransformer, resize_positional_embedding
 from mplug_pretrain.models.weights.clip_vision import load_vision_checkpoint
 
 CFG = {"image_size": 32, "patch_size": 8, "width": 64, "layers": 2, "heads": 4}

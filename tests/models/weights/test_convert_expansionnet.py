@@ -11,8 +11,8 @@ import torch.nn.functional as F
 import mplug_pretrain  # noqa: F401
 from mplug_pretrain.cli import main
 from mplug_pretrain.errors import DataError
-from mplug_pretrain.models.expansionnet.decoder import ExpansionDecoder
-from mplug_pretrain.models.expansionnet.encoder import StaticExpansionRefiner
+from mplug_pretrain.models.decoders.expansionnet.decoder import ExpansionDecoder
+from mplug_pretrain.models.decoders.expansionnet.encoder import StaticExpansionRefiner
 from mplug_pretrain.models.model_config import DecoderConfig, VisualRefinerConfig
 from mplug_pretrain.models.weights.expansionnet_official import (
     convert_expansionnet,

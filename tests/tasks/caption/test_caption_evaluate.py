@@ -1,5 +1,5 @@
-"""`mplug eval caption` (eval/caption_task.py) against pycocoevalcap called directly on the files it wrote,
-and `mplug caption --checkpoint DIR IMAGE...` (eval/predict_captions.py) through the real CLI."""
+"""`mplug eval caption` (tasks/caption/evaluate.py) against pycocoevalcap called directly on the files it wrote,
+and `mplug caption --checkpoint DIR IMAGE...` (tasks/caption/predict.py) through the real CLI."""
 import json
 import os
 
@@ -10,13 +10,13 @@ from PIL import Image
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
 from mplug_pretrain.config import load_config
-from mplug_pretrain.data.shard_writer import ShardWriter
-from mplug_pretrain.data.synthetic_scenes import encode_jpeg, render_scene, sample_scene
+from mplug_pretrain.data.synthetic.scenes import encode_jpeg, render_scene, sample_scene
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.data.transforms import build_eval_transform
-from mplug_pretrain.eval import caption_task
-from mplug_pretrain.eval.caption_task import GenerationSettings, caption_images
-from mplug_pretrain.eval.predict_captions import image_files
+from mplug_pretrain.data.writers.shard_writer import ShardWriter
+from mplug_pretrain.tasks.caption import evaluate as caption_task
+from mplug_pretrain.tasks.caption.evaluate import GenerationSettings, caption_images
+from mplug_pretrain.tasks.caption.predict import image_files
 from tests.helpers import call_mplug
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""Feature cache (train/feature_cache.py): cached ViT features give the same caption loss as running the frozen
+"""Feature cache (tasks/caption/feature_cache.py): cached ViT features give the same caption loss as running the frozen
 encoder, one row per image, the fingerprint follows the ViT weights, uncached images are skipped and counted."""
 import os
 
@@ -6,17 +6,17 @@ import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
-from mplug_pretrain.data.cached_features import FeatureCache, build_cached_loader
-from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.data.pipeline import build_loader
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.pipeline import build_loader
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.data.transforms import build_eval_transform
-from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards
-from mplug_pretrain.models.vision import states_from_vit_tokens
-from mplug_pretrain.train.caption_data import CaptionImageFormat, CaptionText, prompt_ids
-from mplug_pretrain.train.caption_losses import visual_states
-from mplug_pretrain.train.caption_model import captioner
-from mplug_pretrain.train.feature_cache import build_feature_cache
+from mplug_pretrain.data.writers.synthetic import write_synthetic_image_shards
+from mplug_pretrain.models.towers.vision import states_from_vit_tokens
+from mplug_pretrain.tasks.caption.cached_features import FeatureCache, build_cached_loader
+from mplug_pretrain.tasks.caption.data import CaptionImageFormat, CaptionText, prompt_ids
+from mplug_pretrain.tasks.caption.feature_cache import build_feature_cache
+from mplug_pretrain.tasks.caption.losses import visual_states
+from mplug_pretrain.tasks.caption.model import captioner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

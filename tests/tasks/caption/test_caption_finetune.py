@@ -7,7 +7,7 @@ import os
 import pytest
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
-from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards
+from mplug_pretrain.data.writers.synthetic import write_synthetic_image_shards
 from mplug_pretrain.demo.shards import ensure_demo_shards
 from tests.helpers import REPO_ROOT, read_log, run_mplug
 

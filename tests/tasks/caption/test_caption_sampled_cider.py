@@ -1,17 +1,17 @@
-"""train/sampled_cider.py: the held-out mean CIDEr-D of sampled captions equals a hand computation (same draws,
+"""tasks/caption/sampled_cider.py: the held-out mean CIDEr-D of sampled captions equals a hand computation (same draws,
 EOS appended by hand, scored by CiderD in "none" mode with df from the held-out references)."""
 import numpy as np
 import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
-from mplug_pretrain.data.caption_text import clean_caption
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
-from mplug_pretrain.eval.cider_d import CiderD
-from mplug_pretrain.models.generation import sample
+from mplug_pretrain.metrics.cider_d import CiderD
+from mplug_pretrain.models.generation.decoding import sample
 from mplug_pretrain.models.presets import build_model
-from mplug_pretrain.train.sampled_cider import sampled_cider_d
-from mplug_pretrain.train.scst import decode_samples
+from mplug_pretrain.tasks.caption.sampled_cider import sampled_cider_d
+from mplug_pretrain.tasks.caption.scst import decode_samples
+from mplug_pretrain.tasks.caption.text import clean_caption
 
 K, MAX_LENGTH, SEED = 3, 6, 4
 

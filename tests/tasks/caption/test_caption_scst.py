@@ -1,4 +1,4 @@
-"""SCST (train/scst.py): the leave-one-out baseline and the loss against hand computations, the sign of the
+"""SCST (tasks/caption/scst.py): the leave-one-out baseline and the loss against hand computations, the sign of the
 update on a toy policy whose reward is known, the SacreEOS "standard" reward, caption cleaning."""
 import math
 
@@ -9,11 +9,11 @@ from torch import nn
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
 from mplug_pretrain.data.tokenizer import load_tokenizer
-from mplug_pretrain.eval.cider_d import CiderD
-from mplug_pretrain.models.decoder_api import EOS_ID, DecoderOutput
-from mplug_pretrain.models.generation import sample
-from mplug_pretrain.train.caption_losses import scst_batch_loss
-from mplug_pretrain.train.scst import CiderDReward, policy_mode, scst_loss, self_critical_loss
+from mplug_pretrain.metrics.cider_d import CiderD
+from mplug_pretrain.models.decoders.api import EOS_ID, DecoderOutput
+from mplug_pretrain.models.generation.decoding import sample
+from mplug_pretrain.tasks.caption.losses import scst_batch_loss
+from mplug_pretrain.tasks.caption.scst import CiderDReward, policy_mode, scst_loss, self_critical_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

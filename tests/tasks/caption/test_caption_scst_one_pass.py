@@ -9,11 +9,11 @@ import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
 from mplug_pretrain.data.tokenizer import load_tokenizer
-from mplug_pretrain.models import generation as G
-from mplug_pretrain.models.decoder_api import EOS_ID
-from mplug_pretrain.models.decoder_factory import build_decoder
+from mplug_pretrain.models.decoders.api import EOS_ID
+from mplug_pretrain.models.decoders.factory import build_decoder
+from mplug_pretrain.models.generation import decoding as G
 from mplug_pretrain.models.model_config import DecoderConfig
-from mplug_pretrain.train.scst import scst_loss
+from mplug_pretrain.tasks.caption.scst import scst_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DECODERS = ("bert", "expansion", "acf")

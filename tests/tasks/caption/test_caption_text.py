@@ -2,7 +2,7 @@
 non-word character, split on ' ', drop '' and the punctuation tokens), re-derived here character by character."""
 import pytest
 
-from mplug_pretrain.data.caption_text import caption_tokens, clean_caption
+from mplug_pretrain.tasks.caption.text import caption_tokens, clean_caption
 
 OFFICIAL_PUNCTUATION = ["''", "'", "``", "`", ".", "?", "!", ",", ":", "-", "--", "...", ";"]
 

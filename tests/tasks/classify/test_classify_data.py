@@ -5,31 +5,22 @@ from __future__ import annotations
 import io
 import json
 import re
-import tarfile
 
 import pytest
 import torch
 from PIL import Image
 
-from mplug_pretrain.data.classification_format import TASKS, ClassificationFormat
-from mplug_pretrain.data.image_decode import SampleError
-from mplug_pretrain.data.synthetic_scenes import POSITION_PHRASES
-from mplug_pretrain.data.write_classification import (
+from mplug_pretrain.data.formats.image_decode import SampleError
+from mplug_pretrain.data.synthetic.scenes import POSITION_PHRASES
+from mplug_pretrain.data.writers.classification import (
     write_nlvr2,
     write_snli_ve,
     write_synthetic_nlvr2,
     write_synthetic_snli_ve,
 )
 from mplug_pretrain.errors import DataError
-
-
-def read_samples(tar_path):
-    samples = {}
-    with tarfile.open(tar_path) as tar:
-        for member in tar.getmembers():
-            key, _, field = member.name.partition(".")
-            samples.setdefault(key, {})[field] = tar.extractfile(member).read()
-    return [samples[k] for k in sorted(samples)]
+from mplug_pretrain.tasks.classify.data import TASKS, ClassificationFormat
+from tests.data.shard_samples import read_samples
 
 
 def snli_ve_truth(sentence: str, objects: list[dict]) -> str:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, recall_score
 
-from mplug_pretrain.eval.classify_task import score
+from mplug_pretrain.tasks.classify.evaluate import score
 
 LABELS = ("entailment", "neutral", "contradiction")
 

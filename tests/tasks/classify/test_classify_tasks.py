@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from mplug_pretrain.data.shard_writer import shard_pattern
-from mplug_pretrain.data.write_classification import write_synthetic_nlvr2, write_synthetic_snli_ve
+from mplug_pretrain.data.writers.classification import write_synthetic_nlvr2, write_synthetic_snli_ve
+from mplug_pretrain.data.writers.shard_writer import shard_pattern
 from mplug_pretrain.models.mplug import MPLUG
 from tests.helpers import REPO_ROOT, call_mplug, read_log, run_mplug
 

@@ -1,4 +1,4 @@
-"""Grounding shards (data/write_grounding.py, data/grounding_format.py): synthetic expressions name one object whose
+"""Grounding shards (data/writers/grounding.py, tasks/grounding/data.py): synthetic expressions name one object whose
 box is found again in the pixels; the RefCOCO layouts (refer refs + COCO instances, records with boxes, ALBEF records
 with ref_id) are read; a refs pickle is read as builtin data only and a pickle naming any class is refused."""
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 import torch
 from PIL import Image
 
-from mplug_pretrain.data.grounding_format import GroundingFormat
-from mplug_pretrain.data.image_decode import SampleError
-from mplug_pretrain.data.synthetic_scenes import COLORS, POSITION_PHRASES
+from mplug_pretrain.data.formats.image_decode import SampleError
+from mplug_pretrain.data.synthetic.scenes import COLORS, POSITION_PHRASES
 from mplug_pretrain.data.tokenizer import load_tokenizer
-from mplug_pretrain.data.write_grounding import load_refs, write_grounding, write_synthetic_grounding
+from mplug_pretrain.data.writers.grounding import load_refs, write_grounding, write_synthetic_grounding
 from mplug_pretrain.errors import DataError
-from tests.data.test_classification_data import read_samples
+from mplug_pretrain.tasks.grounding.data import GroundingFormat
+from tests.data.shard_samples import read_samples
 
 
 def _referred(text: str, objects: list[dict]) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The grounding loss (train/grounding_task.py) recomputed by hand from the decoder's coordinate logits: token
+"""The grounding loss (tasks/grounding/finetune.py) recomputed by hand from the decoder's coordinate logits: token
 cross-entropy, re-weighted as the official mPLUG code does by min(L1, 5) of each coordinate and (1 - GIoU) of the
 teacher-forced argmax box (GIoU from torchvision), fillers left out."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ import torch
 from mplug_pretrain.config import config_from_dict
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.eval import grounding_task
-from mplug_pretrain.models.grounding import CoordinateTokens, teacher_forced_logits
 from mplug_pretrain.models.presets import build_model
-from mplug_pretrain.train.grounding_task import grounding_loss
+from mplug_pretrain.tasks.grounding import evaluate as grounding_task
+from mplug_pretrain.tasks.grounding.finetune import grounding_loss
+from mplug_pretrain.tasks.grounding.model import CoordinateTokens, teacher_forced_logits
 
 
 @pytest.fixture(scope="module")

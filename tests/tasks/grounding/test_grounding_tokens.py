@@ -1,4 +1,4 @@
-"""Coordinate tokens of grounding (models/grounding.py): the official mPLUG ids ([unused339] prefix, [unused340 +
+"""Coordinate tokens of grounding (tasks/grounding/model.py): the official mPLUG ids ([unused339] prefix, [unused340 +
 bin] coordinates), the floor-to-bin round trip, greedy decoding restricted to coordinate tokens."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 
 from mplug_pretrain.data.tokenizer import load_tokenizer
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.grounding import CoordinateTokens, predict_boxes, teacher_forced_logits
 from mplug_pretrain.models.presets import build_model
+from mplug_pretrain.tasks.grounding.model import CoordinateTokens, predict_boxes, teacher_forced_logits
 
 
 @pytest.fixture(scope="module")

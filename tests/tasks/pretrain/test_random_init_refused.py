@@ -9,7 +9,7 @@ import pytest
 
 from mplug_pretrain.cli import main
 from mplug_pretrain.config import load_config
-from mplug_pretrain.train.pretrain import random_init_problem
+from mplug_pretrain.tasks.pretrain.train import random_init_problem
 from tests.helpers import REPO_ROOT
 
 BASE = os.path.join(REPO_ROOT, "configs", "pretrain_base.yaml")

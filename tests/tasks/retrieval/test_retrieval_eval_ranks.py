@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from mplug_pretrain.data.shard_writer import shard_pattern
-from mplug_pretrain.data.write_synthetic import write_synthetic_image_shards
+from mplug_pretrain.data.writers.shard_writer import shard_pattern
+from mplug_pretrain.data.writers.synthetic import write_synthetic_image_shards
 from mplug_pretrain.models.presets import build_model
 from tests.helpers import REPO_ROOT, call_mplug
 

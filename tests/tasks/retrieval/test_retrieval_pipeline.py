@@ -12,16 +12,16 @@ from PIL import Image
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
 from mplug_pretrain.config import config_from_dict
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
-from mplug_pretrain.eval import retrieval_task
-from mplug_pretrain.eval.retrieval import (
+from mplug_pretrain.metrics.retrieval_recall import retrieval_recall
+from mplug_pretrain.metrics.retrieval_scoring import (
     chance_recall,
     embed_images,
     embed_texts,
     evaluate_retrieval,
     score_matrices,
 )
-from mplug_pretrain.eval.retrieval_metrics import retrieval_recall
 from mplug_pretrain.models.presets import build_model
+from mplug_pretrain.tasks.retrieval import evaluate as retrieval_task
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

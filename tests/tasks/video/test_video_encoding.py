@@ -7,24 +7,24 @@ import torch.nn.functional as F
 
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
 from mplug_pretrain.config import config_from_dict
-from mplug_pretrain.data.shard_writer import ShardWriter
-from mplug_pretrain.data.synthetic_videos import (
+from mplug_pretrain.data.synthetic.videos import (
     encode_mp4,
     motion_captions,
     render_motion_frames,
     sample_motion,
 )
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
-from mplug_pretrain.eval import video_retrieval_task
-from mplug_pretrain.eval.retrieval import TextBank, VisualBank, score_pairs
-from mplug_pretrain.eval.video_encoding import (
+from mplug_pretrain.data.writers.shard_writer import ShardWriter
+from mplug_pretrain.metrics.retrieval_scoring import TextBank, VisualBank, score_pairs
+from mplug_pretrain.models.presets import build_model
+from mplug_pretrain.tasks.video import retrieval as video_retrieval_task
+from mplug_pretrain.tasks.video.encoding import (
     FrameSpec,
     SkipReport,
     VideoRecord,
     decode_records,
     encode_videos,
 )
-from mplug_pretrain.models.presets import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,16 +10,17 @@ import pytest
 import mplug_pretrain  # noqa: F401  (torchvision shim first)
 from mplug_pretrain.cli import main
 from mplug_pretrain.config import config_from_dict
-from mplug_pretrain.data.synthetic_videos import (
+from mplug_pretrain.data.synthetic.videos import (
     encode_mp4,
     motion_captions,
     render_motion_frames,
     sample_motion,
 )
 from mplug_pretrain.demo.shards import ensure_demo_shards
-from mplug_pretrain.eval import video_qa_task, video_retrieval_task
-from mplug_pretrain.eval.video_qa_task import load_video_mapping, read_qa_annotations
-from mplug_pretrain.eval.video_retrieval_task import read_caption_annotations
+from mplug_pretrain.tasks.video import qa as video_qa_task
+from mplug_pretrain.tasks.video import retrieval as video_retrieval_task
+from mplug_pretrain.tasks.video.qa import load_video_mapping, read_qa_annotations
+from mplug_pretrain.tasks.video.retrieval import read_caption_annotations
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -86,8 +87,8 @@ def test_cider_only_equals_cider_d_on_ptb_tokens():
     the Java PTB tokenizer."""
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
-    from mplug_pretrain.eval.caption_metrics import cider_without_java
-    from mplug_pretrain.eval.cider_d import cider_d
+    from mplug_pretrain.metrics.captions import cider_without_java
+    from mplug_pretrain.metrics.cider_d import cider_d
     predictions = {"v1": "A red circle moves left.", "v2": "a small blue square",
                    "v3": "something else entirely"}
     references = {"v1": ["a red circle moving left", "the red circle goes to the left"],

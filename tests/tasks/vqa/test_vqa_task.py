@@ -10,17 +10,17 @@ import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401  (torchvision shim before timm / open_clip)
-from mplug_pretrain.data.loader_spec import LoaderSpec
-from mplug_pretrain.data.pipeline import build_vqa_loader
-from mplug_pretrain.data.shard_writer import shard_pattern
+from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.pipeline import build_vqa_loader
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
-from mplug_pretrain.data.write_easy_vqa import write_easy_vqa_shards
+from mplug_pretrain.data.writers.easy_vqa import write_easy_vqa_shards
+from mplug_pretrain.data.writers.shard_writer import shard_pattern
 from mplug_pretrain.demo.vqa_stage import majority_baseline, read_vqa_answers
-from mplug_pretrain.eval.vqa_accuracy import vqa_accuracy
-from mplug_pretrain.eval.vqa_task import AnswerPredictor, answer_questions
-from mplug_pretrain.models.generation_settings import AnswerSettings
+from mplug_pretrain.metrics.vqa_accuracy import vqa_accuracy
+from mplug_pretrain.models.generation.settings import AnswerSettings
 from mplug_pretrain.models.presets import build_model
-from mplug_pretrain.train.vqa_task import answer_pairs, freeze_pretraining_heads, weighted_answer_loss
+from mplug_pretrain.tasks.vqa.evaluate import AnswerPredictor, answer_questions
+from mplug_pretrain.tasks.vqa.finetune import answer_pairs, freeze_pretraining_heads, weighted_answer_loss
 from tests.helpers import REPO_ROOT, call_mplug, read_log, run_mplug
 
 CONFIG = os.path.join(REPO_ROOT, "configs", "vqa_demo.yaml")
@@ -167,7 +167,7 @@ def test_eval_ranks_over_the_answer_list_kept_in_the_model_folder(shards, tmp_pa
     from types import SimpleNamespace
 
     from mplug_pretrain.config import load_config
-    from mplug_pretrain.eval.vqa_task import resolve_answer_list
+    from mplug_pretrain.tasks.vqa.evaluate import resolve_answer_list
     from mplug_pretrain.train.export import complete_model_folder
     folder = tmp_path / "model"
     torch.manual_seed(0)

@@ -22,15 +22,15 @@ import torch
 from torch import Tensor, nn
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.acf.clustering import (
+from mplug_pretrain.models.decoders.acf.clustering import (
     FORMULAS,
     ClusteredSelfAttention,
     ClusterEstimator1D,
     ClusterState,
     stack_clusters,
 )
-from mplug_pretrain.models.decoder_api import DecoderOutput
-from mplug_pretrain.models.expansionnet.decoder import (
+from mplug_pretrain.models.decoders.api import DecoderOutput
+from mplug_pretrain.models.decoders.expansionnet.decoder import (
     CrossAttention,
     TextEmbedding,
     check_decoder_config,

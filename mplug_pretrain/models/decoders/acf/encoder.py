@@ -16,13 +16,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.acf.clustering import (
+from mplug_pretrain.models.decoders.acf.clustering import (
     FORMULAS,
     ClusteredSelfAttention,
     ClusterEstimator2D,
     stack_clusters,
 )
-from mplug_pretrain.models.expansionnet.decoder import feed_forward
+from mplug_pretrain.models.decoders.expansionnet.decoder import feed_forward
 from mplug_pretrain.models.model_config import VisualRefinerConfig
 
 

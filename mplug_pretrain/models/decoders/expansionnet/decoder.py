@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.decoder_api import DecoderOutput
-from mplug_pretrain.models.expansionnet.layers import (
+from mplug_pretrain.models.decoders.api import DecoderOutput
+from mplug_pretrain.models.decoders.expansionnet.layers import (
     DynamicExpansion,
     DynamicExpansionState,
     LayerCombination,

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.expansionnet.decoder import feed_forward
-from mplug_pretrain.models.expansionnet.layers import LayerCombination, StaticExpansion
+from mplug_pretrain.models.decoders.expansionnet.decoder import feed_forward
+from mplug_pretrain.models.decoders.expansionnet.layers import LayerCombination, StaticExpansion
 from mplug_pretrain.models.model_config import VisualRefinerConfig
 
 

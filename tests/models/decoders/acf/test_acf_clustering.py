@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import mplug_pretrain  # noqa: F401
-from mplug_pretrain.models.acf.clustering import (
+from mplug_pretrain.models.decoders.acf.clustering import (
     ClusteredSelfAttention,
     ClusterEstimator1D,
     ClusterEstimator2D,

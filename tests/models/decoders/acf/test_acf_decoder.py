@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mplug_pretrain  # noqa: F401
-from mplug_pretrain.models.acf.decoder import ACFDecoder
+from mplug_pretrain.models.decoders.acf.decoder import ACFDecoder
 from mplug_pretrain.models.model_config import DecoderConfig
 
 VOCAB, WIDTH = 40, 16

@@ -7,7 +7,7 @@ import torch
 
 import mplug_pretrain  # noqa: F401
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.acf.encoder import ACFVisualRefiner
+from mplug_pretrain.models.decoders.acf.encoder import ACFVisualRefiner
 from mplug_pretrain.models.model_config import VisualRefinerConfig
 
 CFG = VisualRefinerConfig(type="acf", layers=3)

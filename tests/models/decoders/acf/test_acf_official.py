@@ -10,13 +10,13 @@ import torch
 
 import mplug_pretrain  # noqa: F401
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.acf.clustering import (
+from mplug_pretrain.models.decoders.acf.clustering import (
     ClusteredSelfAttention,
     ClusterEstimator1D,
     ClusterEstimator2D,
 )
-from mplug_pretrain.models.acf.decoder import ACFDecoder
-from mplug_pretrain.models.acf.encoder import ACFVisualRefiner
+from mplug_pretrain.models.decoders.acf.decoder import ACFDecoder
+from mplug_pretrain.models.decoders.acf.encoder import ACFVisualRefiner
 from mplug_pretrain.models.model_config import DecoderConfig, VisualRefinerConfig
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}

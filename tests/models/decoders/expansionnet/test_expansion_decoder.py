@@ -4,7 +4,7 @@ import pytest
 
 import mplug_pretrain  # noqa: F401
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.expansionnet.decoder import ExpansionDecoder
+from mplug_pretrain.models.decoders.expansionnet.decoder import ExpansionDecoder
 from mplug_pretrain.models.model_config import DecoderConfig
 
 

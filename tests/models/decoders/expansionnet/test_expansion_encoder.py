@@ -4,7 +4,10 @@ import torch
 
 import mplug_pretrain  # noqa: F401
 from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.models.expansionnet.encoder import StaticExpansionEncoderLayer, StaticExpansionRefiner
+from mplug_pretrain.models.decoders.expansionnet.encoder import (
+    StaticExpansionEncoderLayer,
+    StaticExpansionRefiner,
+)
 from mplug_pretrain.models.model_config import VisualRefinerConfig
 
 

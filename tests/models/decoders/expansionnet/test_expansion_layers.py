@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import mplug_pretrain  # noqa: F401
-from mplug_pretrain.models.expansionnet.layers import (
+from mplug_pretrain.models.decoders.expansionnet.layers import (
     DynamicExpansion,
     LayerCombination,
     StaticExpansion,

@@ -1,14 +1,14 @@
-"""Fixtures for the data tests: a tokenizer and small shard sets written with the real writer."""
+"""Small shard sets for the data tests, written with the real writer: one-colour JPEGs, simple samples, shards of
+uneven sizes."""
 import io
 import os
+import tarfile
 from functools import cache
 
-import pytest
 from PIL import Image
 
 import mplug_pretrain  # noqa: F401  (torchvision shim before anything imports it)
-from mplug_pretrain.data.shard_writer import ShardWriter
-from mplug_pretrain.data.tokenizer import load_tokenizer
+from mplug_pretrain.data.writers.shard_writer import ShardWriter
 
 PALETTE = [(200, 30, 30), (30, 160, 40), (40, 60, 220), (230, 200, 40), (140, 40, 180), (20, 20, 20), (240, 240, 240)]
 
@@ -41,6 +41,11 @@ def write_simple_shards(folder: str, sizes: list[int], name: str = "part", prefi
     return os.path.join(folder, f"{name}{{000..{len(sizes) - 1:03d}}}-000000.tar"), keys
 
 
-@pytest.fixture(scope="session")
-def tokenizer():
-    return load_tokenizer()
+def read_samples(tar_path) -> list[dict]:
+    """Every sample of one tar as {field: bytes}, in key order (read with tarfile, not our reader)."""
+    samples = {}
+    with tarfile.open(tar_path) as tar:
+        for member in tar.getmembers():
+            key, _, field = member.name.partition(".")
+            samples.setdefault(key, {})[field] = tar.extractfile(member).read()
+    return [samples[k] for k in sorted(samples)]
