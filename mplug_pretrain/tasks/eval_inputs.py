@@ -76,9 +76,9 @@ def check_eval_inputs(task: str, cfg, checkpoint: str) -> None:
     """Raises ConfigError naming the field or the folder when ``mplug eval task --checkpoint checkpoint`` would
     fail before evaluating: an input missing from the config, a folder that is no model folder (config.json and
     model.safetensors), or a classification task asked of a model without its classifier."""
+    from mplug_pretrain.data.writers.classification import TASK_LABELS
     from mplug_pretrain.models.folder.config_io import CONFIG_FILE, read_model_config
     from mplug_pretrain.models.mplug import WEIGHTS_FILE
-    from mplug_pretrain.tasks.classify.data import TASKS
     try:
         require_inputs(task, cfg)
     except ConfigError as err:
@@ -88,6 +88,6 @@ def check_eval_inputs(task: str, cfg, checkpoint: str) -> None:
             raise ConfigError(f"--checkpoint {checkpoint}: not a model folder (no {name}); pass a save_pretrained "
                               "or `mplug export` folder (e.g. a run's model/)")
     model = read_model_config(os.path.join(checkpoint, CONFIG_FILE))
-    if task in TASKS and model.heads.classifier_classes != len(TASKS[task].labels):
-        raise ConfigError(f"{task}: --checkpoint {checkpoint}: no {task} classifier ({len(TASKS[task].labels)} "
+    if task in TASK_LABELS and model.heads.classifier_classes != len(TASK_LABELS[task]):
+        raise ConfigError(f"{task}: --checkpoint {checkpoint}: no {task} classifier ({len(TASK_LABELS[task])} "
                           f"classes); evaluate a model fine-tuned by `mplug finetune {task}`")

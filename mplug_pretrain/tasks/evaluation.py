@@ -1,8 +1,10 @@
 """What every ``mplug eval`` task shares: the model folder it evaluates, the device and precision it runs in,
-where its metrics JSON goes (and its side files, beside it), and how the JSON is written (atomically)."""
+where its metrics JSON goes (and its side files, beside it), how the JSON is written (atomically), and the report
+of the items (images, videos) an evaluation had to leave out."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import torch
 
@@ -60,3 +62,34 @@ def real_rows(batch: dict) -> tuple[list[int], torch.Tensor]:
     """The positions of a batch's real (non-filler) examples, as a list and as an index tensor."""
     keep = [i for i, pad in enumerate(batch["is_pad"].tolist()) if not pad]
     return keep, torch.tensor(keep, dtype=torch.long)
+
+
+MAX_EXAMPLES = 20
+TAR_EVENTS = ("truncated_tar", "bad_tar")  # counted per shard, not per item
+
+
+class SkipReport:
+    """Items (videos, images) left out of an evaluation: counts per reason and the first ``MAX_EXAMPLES``
+    "name: problem" lines."""
+
+    def __init__(self) -> None:
+        self.reasons: Counter[str] = Counter()
+        self.examples: list[str] = []
+
+    def add(self, name: str, reason: str, detail: str) -> None:
+        self.reasons[reason] += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(f"{name}: {detail}")
+
+    def add_counts(self, counts: dict[str, int]) -> None:
+        """Per-sample skip counts of a shard reader (``DecodeStats.skipped``); shard-level events are
+        not videos and are left out."""
+        self.reasons.update({k: v for k, v in counts.items() if k not in TAR_EVENTS})
+
+    @property
+    def total(self) -> int:
+        return sum(self.reasons.values())
+
+    def as_dict(self, noun: str = "videos") -> dict:
+        return {f"{noun}_skipped": self.total, "skip_reasons": dict(sorted(self.reasons.items())),
+                "skipped_examples": list(self.examples)}

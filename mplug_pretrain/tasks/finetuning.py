@@ -1,11 +1,26 @@
-"""The resolution a fine-tuning task trains at, shared by captioning and VQA, and the model it starts from."""
+"""The steps every fine-tuning task shares: the training shards swapped into ``cfg.data``, the resolution and the
+model a task starts from, which parts are frozen, and the evaluation after the last step."""
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
+
+from torch import nn
 
 from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.folder.config_io import CONFIG_FILE, read_model_config
+
+
+def with_task_shards(cfg: Config, section: str, command: str, what: str) -> Config:
+    """``cfg`` whose ``data.train_shards`` are ``<section>.train_shards`` (the loop reads data.train_shards;
+    ``data.train_weights`` weigh pretraining sources: none here). ConfigError naming the field when it is unset;
+    ``what`` says which shards and how to make them."""
+    shards = getattr(cfg, section).train_shards
+    if not shards:
+        raise ConfigError(f"{section}.train_shards: required by `mplug finetune {command}` ({what})")
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train_shards=shards, train_weights=None))
 
 
 def finetune_image_size(cfg: Config, task_image_size: int | None) -> int:
@@ -29,3 +44,34 @@ def initial_model(cfg: Config, section: str, task_image_size: int | None):
         raise ConfigError(f"{section}.image_size: only re-targets a pretrained model (init_from); without one "
                           "set model.vision.image_size")
     return MPLUG(cfg.model)
+
+
+def freeze_pretraining_heads(model: nn.Module) -> nn.Module:
+    """ITC projections/temperature, ITM and MLM heads get no gradient in a fine-tuning task that does not use
+    them: keep them out of the optimizer."""
+    for head in (model.itc, model.itm_head, model.mlm_head):
+        head.requires_grad_(False)
+    return model
+
+
+def freeze_parts(model: nn.Module, names: list[str]) -> nn.Module:
+    """``<task>.freeze``: no gradient and eval mode (no dropout) for these parts. Applied once when the model is
+    built; the training loop never calls ``.train()`` again, which would switch their dropout back on."""
+    for name in names:
+        getattr(model, name).requires_grad_(False).eval()
+    return model
+
+
+def evaluate_exported_model(cfg: Config, tokenizer, evaluate_model: Callable[..., dict]) -> dict:
+    """Rank 0 reloads ``<run_dir>/model`` (full precision, whatever the ZeRO stage) and runs
+    ``evaluate_model(model, cfg, tokenizer, <run_dir>/metrics.json, checkpoint=<run_dir>/model)``; the other
+    ranks wait for it and return {}."""
+    from mplug_pretrain.models.mplug import MPLUG
+    from mplug_pretrain.utils.process_group import barrier, rank
+    metrics: dict = {}
+    if rank() == 0:
+        model_dir = os.path.join(cfg.run_dir, "model")
+        metrics = evaluate_model(MPLUG.from_pretrained(model_dir), cfg, tokenizer,
+                                 os.path.join(cfg.run_dir, "metrics.json"), checkpoint=model_dir)
+    barrier()
+    return metrics

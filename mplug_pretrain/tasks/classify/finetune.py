@@ -9,7 +9,6 @@ fusion too. The shared loop (train/loop.py) trains; rank 0 then evaluates <run_d
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import torch
@@ -20,8 +19,13 @@ from mplug_pretrain.config import Config
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.tasks.classify.data import TASKS, ClassificationTask
-from mplug_pretrain.tasks.finetuning import finetune_image_size, initial_model
-from mplug_pretrain.tasks.vqa.finetune import freeze_parts, freeze_pretraining_heads
+from mplug_pretrain.tasks.finetuning import (
+    finetune_image_size,
+    freeze_parts,
+    freeze_pretraining_heads,
+    initial_model,
+    with_task_shards,
+)
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training
 
@@ -53,12 +57,8 @@ def run(cfg: Config, resume: str | None = None, task: str = "snli-ve") -> dict:
     from mplug_pretrain.tasks.classify.evaluate import classification_loader
     spec = TASKS[task]
     section = getattr(cfg, spec.section)
-    if not section.train_shards:
-        raise ConfigError(f"{spec.section}.train_shards: required by `mplug finetune {task}` "
-                          f"(`mplug make-shards {task}` writes them)")
+    cfg = with_task_shards(cfg, spec.section, task, f"`mplug make-shards {task}` writes them")
     tokenizer = load_tokenizer(cfg.data.tokenizer)
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train_shards=section.train_shards,
-                                                            train_weights=None))
 
     def make_loader(cfg: Config, loader_spec: LoaderSpec):
         size = finetune_image_size(cfg, section.image_size)

@@ -12,8 +12,6 @@ evaluates <run_dir>/model on ``grounding.val_shards`` (tasks/grounding/evaluate.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,10 +20,15 @@ from mplug_pretrain.config import Config
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.metrics.boxes import paired_giou, xywh_to_xyxy
-from mplug_pretrain.tasks.final_evaluation import evaluate_exported_model
-from mplug_pretrain.tasks.finetuning import finetune_image_size, initial_model
+from mplug_pretrain.tasks.finetuning import (
+    evaluate_exported_model,
+    finetune_image_size,
+    freeze_parts,
+    freeze_pretraining_heads,
+    initial_model,
+    with_task_shards,
+)
 from mplug_pretrain.tasks.grounding.model import CoordinateTokens, teacher_forced_logits
-from mplug_pretrain.tasks.vqa.finetune import freeze_parts, freeze_pretraining_heads
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training
 
@@ -62,14 +65,10 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     from mplug_pretrain.data.tokenizer import load_tokenizer
     from mplug_pretrain.tasks.grounding.evaluate import grounding_loader
     g = cfg.grounding
-    if not g.train_shards:
-        raise ConfigError("grounding.train_shards: required by `mplug finetune grounding` "
-                          "(`mplug make-shards grounding` writes them)")
+    cfg = with_task_shards(cfg, "grounding", "grounding", "`mplug make-shards grounding` writes them")
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     size = finetune_image_size(cfg, g.image_size)
     tokens = CoordinateTokens.from_tokenizer(tokenizer, size)  # one bin per pixel of the training resolution
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train_shards=g.train_shards,
-                                                            train_weights=None))
 
     def make_loader(cfg: Config, loader_spec: LoaderSpec):
         return grounding_loader(cfg, tokenizer, size, loader_spec)

@@ -8,6 +8,7 @@ from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training
+from mplug_pretrain.train.schedule import distill_alpha
 
 
 def random_init_problem(cfg: Config) -> str | None:
@@ -42,14 +43,6 @@ def build_train_loader(cfg: Config, spec: LoaderSpec):
     from mplug_pretrain.data.tokenizer import load_tokenizer
     return build_pretrain_loader(spec, load_tokenizer(cfg.data.tokenizer), image_size=cfg.model.vision.image_size,
                                  max_text_len=cfg.data.max_text_len, augment=cfg.data.augment)
-
-
-def distill_alpha(cfg: Config, step: int) -> float:
-    """Momentum-distillation weight, ramped from 0 over optim.alpha_warmup_steps (ALBEF)."""
-    alpha = cfg.model.heads.distill_alpha
-    if cfg.optim.alpha_warmup_steps > 0:
-        alpha *= min(1.0, step / cfg.optim.alpha_warmup_steps)
-    return alpha
 
 
 def flops_per_sample(cfg: Config, batch: dict) -> float | None:

@@ -24,8 +24,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.metrics.retrieval_scoring import embed_images, embed_texts, evaluate_retrieval
-from mplug_pretrain.tasks.evaluation import eval_autocast, load_eval_model, metrics_path, write_metrics
-from mplug_pretrain.tasks.video.encoding import SkipReport
+from mplug_pretrain.tasks.evaluation import (
+    SkipReport,
+    eval_autocast,
+    load_eval_model,
+    metrics_path,
+    write_metrics,
+)
 
 log = logging.getLogger(__name__)
 

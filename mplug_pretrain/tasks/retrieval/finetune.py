@@ -19,11 +19,10 @@ from torch import nn
 
 from mplug_pretrain.config import Config
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
-from mplug_pretrain.errors import ConfigError
-from mplug_pretrain.tasks.finetuning import finetune_image_size, initial_model
-from mplug_pretrain.tasks.pretrain.train import distill_alpha
+from mplug_pretrain.tasks.finetuning import finetune_image_size, initial_model, with_task_shards
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training
+from mplug_pretrain.train.schedule import distill_alpha
 
 RETRIEVAL_LOSS_WEIGHTS = {"itc": 1.0, "itm": 1.0, "mlm": 0.0, "prefixlm": 0.0}
 
@@ -41,11 +40,8 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
     from mplug_pretrain.data.tokenizer import load_tokenizer
     r = cfg.retrieval
-    if not r.train_shards:
-        raise ConfigError("retrieval.train_shards: required by `mplug finetune retrieval` (pair-layout shards: "
-                          "`mplug make-shards coco --layout pair ...`)")
+    cfg = with_task_shards(cfg, "retrieval", "retrieval", "pair-layout shards: `mplug make-shards coco --layout pair ...`")
     tokenizer = load_tokenizer(cfg.data.tokenizer)
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train_shards=r.train_shards, train_weights=None))
 
     def make_loader(cfg: Config, spec: LoaderSpec):
         return build_pretrain_loader(spec, tokenizer, image_size=finetune_image_size(cfg, r.image_size),

@@ -14,7 +14,6 @@ records a task read from a dataset's own annotation file, with files under a vid
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,9 +25,7 @@ from PIL import Image
 from mplug_pretrain.data.formats.video_frames import VideoDecodeError, decode_frames
 from mplug_pretrain.data.writers.video import find_video
 from mplug_pretrain.errors import ConfigError
-
-MAX_EXAMPLES = 20
-TAR_EVENTS = ("truncated_tar", "bad_tar")  # counted per shard, not per video
+from mplug_pretrain.tasks.evaluation import SkipReport
 
 
 @dataclass
@@ -48,33 +45,6 @@ class FrameSpec:
     backend: str = "auto"
     image_size: int = 224
     workers: int = 0
-
-
-class SkipReport:
-    """Items (videos, images) left out of an evaluation: counts per reason and the first ``MAX_EXAMPLES``
-    "name: problem" lines."""
-
-    def __init__(self) -> None:
-        self.reasons: Counter[str] = Counter()
-        self.examples: list[str] = []
-
-    def add(self, name: str, reason: str, detail: str) -> None:
-        self.reasons[reason] += 1
-        if len(self.examples) < MAX_EXAMPLES:
-            self.examples.append(f"{name}: {detail}")
-
-    def add_counts(self, counts: dict[str, int]) -> None:
-        """Per-sample skip counts of a shard reader (``DecodeStats.skipped``); shard-level events are
-        not videos and are left out."""
-        self.reasons.update({k: v for k, v in counts.items() if k not in TAR_EVENTS})
-
-    @property
-    def total(self) -> int:
-        return sum(self.reasons.values())
-
-    def as_dict(self, noun: str = "videos") -> dict:
-        return {f"{noun}_skipped": self.total, "skip_reasons": dict(sorted(self.reasons.items())),
-                "skipped_examples": list(self.examples)}
 
 
 def shard_records(shards: str, batch_size: int, num_workers: int,

@@ -28,13 +28,14 @@ import torch
 
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.tasks.evaluation import (
+    SkipReport,
     beside_metrics,
     eval_autocast,
     load_eval_model,
     metrics_path,
     write_metrics,
 )
-from mplug_pretrain.tasks.video.encoding import SkipReport, encoded_batches, frame_spec, video_record_batches
+from mplug_pretrain.tasks.video.encoding import encoded_batches, frame_spec, video_record_batches
 
 log = logging.getLogger(__name__)
 

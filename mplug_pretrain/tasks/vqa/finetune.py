@@ -14,8 +14,6 @@ and the fusion too. The shared loop (train/loop.py) does DeepSpeed, the schedule
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,9 +21,15 @@ from torch import nn
 from mplug_pretrain.config import Config
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.data.tokenizer import tokenize
-from mplug_pretrain.errors import ConfigError, DataError
-from mplug_pretrain.tasks.final_evaluation import evaluate_exported_model
-from mplug_pretrain.tasks.finetuning import finetune_image_size, initial_model
+from mplug_pretrain.errors import DataError
+from mplug_pretrain.tasks.finetuning import (
+    evaluate_exported_model,
+    finetune_image_size,
+    freeze_parts,
+    freeze_pretraining_heads,
+    initial_model,
+    with_task_shards,
+)
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training
 
@@ -69,21 +73,6 @@ def vqa_answer_loss(model: nn.Module, batch: dict, tokenizer, max_answer_length:
                                 mask.to(memory.device), weights)
 
 
-def freeze_pretraining_heads(model: nn.Module) -> nn.Module:
-    """ITC projections/temperature, ITM and MLM heads get no gradient in VQA: keep them out of the optimizer."""
-    for head in (model.itc, model.itm_head, model.mlm_head):
-        head.requires_grad_(False)
-    return model
-
-
-def freeze_parts(model: nn.Module, names: list[str]) -> nn.Module:
-    """``vqa.freeze``: no gradient and eval mode (no dropout) for these parts. Applied once when the model is
-    built; the training loop never calls ``.train()`` again, which would switch their dropout back on."""
-    for name in names:
-        getattr(model, name).requires_grad_(False).eval()
-    return model
-
-
 def training_image_size(cfg: Config) -> int:
     """The training resolution: vqa.image_size, else the pretrained model's, else model.vision.image_size."""
     return finetune_image_size(cfg, cfg.vqa.image_size)
@@ -109,12 +98,8 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     """Fine-tune, then evaluate the final model on vqa.val_shards (if set).
     -> {"summary": training summary, "metrics": evaluation metrics or {}}."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
-    if not cfg.vqa.train_shards:
-        raise ConfigError("vqa.train_shards: required by `mplug finetune vqa` (VQA shards with answers)")
+    cfg = with_task_shards(cfg, "vqa", "vqa", "VQA shards with answers")
     tokenizer = load_tokenizer(cfg.data.tokenizer)
-    # the loop reads data.train_shards: here the VQA shards (data.train_weights weigh pretraining sources)
-    data = dataclasses.replace(cfg.data, train_shards=cfg.vqa.train_shards, train_weights=None)
-    cfg = dataclasses.replace(cfg, data=data)
 
     def losses(engine, batch: dict, state: TrainerState) -> dict:
         return {"loss": vqa_answer_loss(engine.module, batch, tokenizer, cfg.vqa.generation.max_length)}

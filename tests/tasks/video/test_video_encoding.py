@@ -17,10 +17,10 @@ from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
 from mplug_pretrain.data.writers.shard_writer import ShardWriter
 from mplug_pretrain.metrics.retrieval_scoring import TextBank, VisualBank, score_pairs
 from mplug_pretrain.models.presets import build_model
+from mplug_pretrain.tasks.evaluation import SkipReport
 from mplug_pretrain.tasks.video import retrieval as video_retrieval_task
 from mplug_pretrain.tasks.video.encoding import (
     FrameSpec,
-    SkipReport,
     VideoRecord,
     decode_records,
     encode_videos,

@@ -11,7 +11,8 @@ from mplug_pretrain.config import config_from_dict
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.models.presets import build_model
-from mplug_pretrain.tasks.vqa.finetune import freeze_parts, freeze_pretraining_heads, vqa_answer_loss
+from mplug_pretrain.tasks.finetuning import freeze_parts, freeze_pretraining_heads
+from mplug_pretrain.tasks.vqa.finetune import vqa_answer_loss
 
 QUESTIONS = ["what color is the shape?", "is there a red circle in the image?", "", "how many dogs?"]
 ANSWERS = [["blue", "teal"], ["yes", "no", "not sure"], [], ["two"]]
