@@ -12,7 +12,7 @@ Pretraining ``forward(batch)`` computes, sharing one image encoding:
     PrefixLM: decoder continues the caption from fuse(V, prefix)               (heads/prefix_lm.py)
     loss = sum_k w_k L_k with w = heads.loss_weights.
 Momentum encoders (``image_encoder_m``, ``text_encoder_m``, ``itc.*_proj_m``) take no gradient; the training
-engine calls ``momentum_update()`` after every optimizer step. They and the ITC queues are part of the
+engine updates them after every optimizer step (models/step_hooks.py). They and the ITC queues are part of the
 state dict (checkpoints must hold them). In training mode ``forward`` pushes this step's momentum features
 into the queues after computing the losses; with ``defer_enqueue`` (set by the training engine) it keeps them
 pending instead, and the loop calls ``commit_enqueue()`` once the loss is known finite on every rank (or
@@ -44,6 +44,7 @@ from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
 from mplug_pretrain.models.inference import InferenceMixin
 from mplug_pretrain.models.layers.bert_init import bert_init_
 from mplug_pretrain.models.model_config import ModelConfig
+from mplug_pretrain.models.step_hooks import StepHooks
 from mplug_pretrain.models.towers.text import TextEncoder, pool_text
 from mplug_pretrain.models.towers.vision import ImageEncoder, resize_positional_embedding
 from mplug_pretrain.models.weights.reader import load_weights_into, save_weights
@@ -53,7 +54,7 @@ LOSS_NAMES = ("itc", "itm", "mlm", "prefixlm")
 WEIGHTS_FILE = "model.safetensors"
 
 
-class MPLUG(InferenceMixin, nn.Module):
+class MPLUG(InferenceMixin, StepHooks, nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         config.validate()
@@ -82,7 +83,7 @@ class MPLUG(InferenceMixin, nn.Module):
             self.text_encoder_m = copy.deepcopy(self.text_encoder)
             self.itc.vision_proj_m.load_state_dict(self.itc.vision_proj.state_dict())
             self.itc.text_proj_m.load_state_dict(self.itc.text_proj.state_dict())
-            for _, momentum in self._momentum_pairs():
+            for _, momentum in self.momentum_pairs():
                 momentum.requires_grad_(False)
         self.set_grad_checkpointing(config.grad_checkpointing)
         self.defer_enqueue = False
@@ -133,11 +134,20 @@ class MPLUG(InferenceMixin, nn.Module):
                                   f"decoder.type is {self.config.decoder.type!r}")
             self.init_report["decoder"] = init_decoder_from_bert(self, self.config.decoder.bert_checkpoint)
 
-    def _momentum_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+    # ------------------------------------------------- step hooks (models/step_hooks.py: what the engine does)
+    @property
+    def momentum(self) -> float:
+        return self.config.heads.momentum
+
+    def momentum_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         if self.image_encoder_m is None:
             return []
         return [(self.image_encoder, self.image_encoder_m), (self.text_encoder, self.text_encoder_m),
                 (self.itc.vision_proj, self.itc.vision_proj_m), (self.itc.text_proj, self.itc.text_proj_m)]
+
+    def clamped_parameters(self) -> list[tuple[nn.Parameter, float, float]]:
+        from mplug_pretrain.models.heads.itc import TEMPERATURE_RANGE
+        return [(self.itc.temp, *TEMPERATURE_RANGE)]
 
     # ----------------------------------------------------------------- encoders
     def encode_image(self, image: torch.Tensor) -> torch.Tensor:
@@ -306,8 +316,8 @@ class MPLUG(InferenceMixin, nn.Module):
     def momentum_update(self) -> None:
         """theta_m <- m * theta_m + (1 - m) * theta for every momentum pair (call after each optimizer step)."""
         from mplug_pretrain.models.layers.momentum import ema_update_
-        m = self.config.heads.momentum
-        for online, momentum in self._momentum_pairs():
+        m = self.momentum
+        for online, momentum in self.momentum_pairs():
             params = list(online.parameters())
             if any(hasattr(p, "ds_id") and p.ds_numel != p.numel() for p in params):
                 raise RuntimeError("momentum_update: parameters are partitioned (DeepSpeed ZeRO stage 3); "

@@ -73,8 +73,7 @@ def build_engine(model, cfg: Config, world_size: int):
     ds_config = deepspeed_config(cfg, world_size)
     if ds_config.get("torch_autocast", {}).get("enabled"):
         use_fp32_layer_norms(model)  # CPU autocast would run LayerNorm in bf16; CUDA autocast runs it in fp32
-    if hasattr(model, "defer_enqueue"):  # queues take a batch only once its loss is finite on every rank (loop)
-        model.defer_enqueue = True
+    model.defer_enqueue = True  # queues take a batch only once its loss is finite on every rank (models/step_hooks.py)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     _check_fp32_parameters(engine.module)
     if cfg.run.compile:
@@ -97,51 +96,49 @@ def _check_fp32_parameters(module) -> None:
 
 
 def after_optimizer_step(engine, zero_stage: int) -> None:
-    """What follows every optimizer step: the momentum EMA and the ITC temperature clamp, both on fp32 masters."""
+    """What follows every optimizer step (models/step_hooks.py): the momentum EMA and the clamps (the ITC
+    temperature), both on fp32 masters."""
     momentum_update(engine, zero_stage)
-    clamp_temperature(engine, zero_stage)
+    clamp_parameters(engine, zero_stage)
 
 
 @torch.no_grad()
-def clamp_temperature(engine, zero_stage: int) -> None:
-    """Clamp the ITC temperature to its range on the optimizer's fp32 master (as open_clip clamps its logit
-    scale after the step) and on the module's copy. Under ZeRO 1-2 the master is a fragment of one rank's
-    flat partition, under ZeRO-3 this rank's shard: each rank clamps what it holds, no communication."""
-    itc = getattr(engine.module, "itc", None)
-    if itc is None or not hasattr(itc, "temp"):
-        return
-    from mplug_pretrain.models.heads.itc import TEMPERATURE_RANGE
-    lo, hi = TEMPERATURE_RANGE
-    temp = itc.temp
-    if zero_stage == 3:
-        from deepspeed.utils import safe_get_local_fp32_param, safe_set_local_fp32_param
-        local = safe_get_local_fp32_param(temp)
-        if local is not None:
-            safe_set_local_fp32_param(temp, local.clamp(lo, hi))
-        temp.ds_tensor.clamp_(lo, hi)
-        if temp.data.numel() == temp.ds_numel:  # persistent: its full copy is the one the forward uses
-            temp.data.clamp_(lo, hi)
-        return
-    mapping = getattr(temp, "_hp_mapping", None)
-    if mapping is not None:  # ZeRO 1-2: this rank holds the master's fp32 fragment
-        mapping.get_hp_fragment().clamp_(lo, hi)
-    temp.data.clamp_(lo, hi)
+def clamp_parameters(engine, zero_stage: int) -> None:
+    """Clamp each of the model's ``clamped_parameters()`` (the ITC temperature) to its range on the optimizer's
+    fp32 master (as open_clip clamps its logit scale after the step) and on the module's copy. Under ZeRO 1-2 the
+    master is a fragment of one rank's flat partition, under ZeRO-3 this rank's shard: each rank clamps what it
+    holds, no communication."""
+    for param, lo, hi in engine.module.clamped_parameters():
+        if zero_stage == 3:
+            from deepspeed.utils import safe_get_local_fp32_param, safe_set_local_fp32_param
+            local = safe_get_local_fp32_param(param)
+            if local is not None:
+                safe_set_local_fp32_param(param, local.clamp(lo, hi))
+            param.ds_tensor.clamp_(lo, hi)
+            if param.data.numel() == param.ds_numel:  # persistent: its full copy is the one the forward uses
+                param.data.clamp_(lo, hi)
+            continue
+        mapping = getattr(param, "_hp_mapping", None)
+        if mapping is not None:  # ZeRO 1-2: this rank holds the master's fp32 fragment
+            mapping.get_hp_fragment().clamp_(lo, hi)
+        param.data.clamp_(lo, hi)
 
 
 @torch.no_grad()
 def momentum_update(engine, zero_stage: int) -> None:
     """EMA of every momentum pair after an optimizer step (module docstring: in place, or shard by shard)."""
     module = engine.module
-    pairs = module._momentum_pairs()
+    pairs = module.momentum_pairs()
     if not pairs:
         return
+    from mplug_pretrain.models.layers.momentum import ema_update_
+    m = module.momentum
     if zero_stage < 3:
-        module.momentum_update()
+        for online, momentum in pairs:  # one multi-tensor update per module pair
+            ema_update_(list(momentum.parameters()), list(online.parameters()), m)
         return
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
 
-    from mplug_pretrain.models.layers.momentum import ema_update_
-    m = module.config.heads.momentum
     for online, momentum in pairs:
         shards, shards_m, full, full_m = [], [], [], []
         for (name, p), p_m in zip(online.named_parameters(), momentum.parameters()):

@@ -261,8 +261,7 @@ def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
         # every rank skips this micro-batch together: no backward, so nothing reaches the
         # optimizer (with accumulation, the other micro-batches of the step still count), and its momentum
         # features never reach the queues
-        if hasattr(module, "discard_enqueue"):
-            module.discard_enqueue()
+        module.discard_enqueue()
         state.nonfinite_skipped += 1
         run.in_a_row += 1
         run.log.event(f"[train] non-finite loss at step {state.global_step}: skipped "
@@ -273,8 +272,7 @@ def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
                 f"run.max_nonfinite_in_row={cfg.run.max_nonfinite_in_row}); lower optim.lr_rest / "
                 "optim.lr_vision or check the data")
         return None
-    if hasattr(module, "commit_enqueue"):
-        module.commit_enqueue()  # the loss is finite on every rank: this batch's momentum features enter the queues
+    module.commit_enqueue()  # the loss is finite on every rank: this batch's momentum features enter the queues
     engine.backward(loss)
     for key, value in out.items():
         if key.startswith("loss"):  # stays on the device: read once per optimizer step

@@ -36,7 +36,7 @@ def main(stage: int, out_dir: str, shards: str, steps: int = 4, nan_at: int = 2)
                              "distributed.precision=bf16", f"distributed.zero_stage={stage}"])
     torch.manual_seed(0)
     model = build_model(cfg)
-    pairs = model._momentum_pairs()
+    pairs = model.momentum_pairs()
     online_names = [[n for n, _ in online.named_parameters()] for online, _ in pairs]
     reference = [[p.detach().clone().float() for p in momentum.parameters()] for _, momentum in pairs]
     engine, optimizer, _ = build_engine(model, cfg, world)

@@ -21,7 +21,7 @@ def test_foreach_momentum_update_equals_per_parameter_formula_exactly(dtype):
     reference = copy.deepcopy(model)
     m = model.config.heads.momentum
     with torch.no_grad():
-        for online, momentum in reference._momentum_pairs():
+        for online, momentum in reference.momentum_pairs():
             for p, p_m in zip(online.parameters(), momentum.parameters()):
                 p_m.mul_(m).add_(p.to(p_m.dtype), alpha=1.0 - m)  # the former per-parameter update
     model.momentum_update()
