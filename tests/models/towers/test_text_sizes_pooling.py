@@ -17,8 +17,8 @@ from mplug_pretrain.config import load_config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.mplug import MPLUG
 from mplug_pretrain.models.towers.text import pool_text
+from tests.helpers import REPO_ROOT
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(REPO_ROOT, "configs", "pretrain_tiny.yaml")
 CAPTIONS = ["a red circle on the left", "two dogs run across a green field", "a plate of pasta with tomato",
             "an old man reads a newspaper", "the train arrives at the station", "a blue square under a tree"]

@@ -24,7 +24,8 @@ from mplug_pretrain.tasks.video.retrieval import read_caption_annotations
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import REPO_ROOT
+
 FAST = ["eval.annotations=null", "eval.video_root=null", "eval.num_frames=2", "eval.num_workers=0"]
 
 
