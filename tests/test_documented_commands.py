@@ -230,10 +230,10 @@ def test_documented_command_runs_as_written(source, command, workspace, tmp_path
     # training / full-size data: what the command does before any heavy work
     if argv[0] == "bench":  # the benchmark names parse; `mplug bench` itself is tested in tests/bench
         return
-    if argv[0] == "demo":  # the flags parse; tests/test_demo.py runs `mplug demo --quick` for real
+    if argv[0] == "demo":  # the flags parse; tests/demo/test_demo.py runs `mplug demo --quick` for real
         return
     if argv[0] in ("export", "convert"):  # need a DeepSpeed run / an official file: run for real in
-        return  # tests/test_model_folder.py and tests/models/test_convert_expansionnet.py; the flags parse here
+        return  # tests/models/folder/test_model_folder.py and tests/models/weights/test_convert_expansionnet.py; the flags parse here
     if argv[0] in ("pretrain", "finetune", "eval"):
         cfg = load_config(args.config, args.overrides, check_paths=argv[0] == "pretrain")
         for path in [cfg.init_from, getattr(args, "checkpoint", None)]:
