@@ -15,7 +15,7 @@ if "torch" not in sys.modules and "OMP_WAIT_POLICY" not in os.environ:
     # busy process: on a shared 2-core machine one competing process made a 2-thread tiny training step 17x
     # slower. Sleeping at once costs a wake-up per operation instead (decoding ~30 % slower on a quiet
     # machine); spinning 10k turns first keeps back-to-back operations awake and still yields under
-    # competition (README, "CPU threads"). Read once, when torch loads; a user's setting wins.
+    # competition (docs/configuration.md, "CPU threads"). Read once, when torch loads; a user's setting wins.
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 

@@ -87,7 +87,7 @@ class RunConfig:
     log_every: int = 10
     checkpoint_every_steps: int = 1000
     checkpoint_every_minutes: float = 30.0
-    keep_last: int = 2  # DeepSpeed tags kept in checkpoints/ (tiny: 173 MB each; README, Run folder)
+    keep_last: int = 2  # DeepSpeed tags kept in checkpoints/ (tiny: 173 MB each; docs/configuration.md)
     max_nonfinite_in_row: int = 5
     tensorboard: bool = True  # false turns TensorBoard off whatever report_to says
     report_to: list[Literal["tensorboard", "wandb"]] = field(default_factory=lambda: ["tensorboard"])
@@ -138,7 +138,7 @@ class CaptionConfig:
     scst_samples: int = 5  # k sampled captions per image; baseline = mean reward of the other k - 1
     scst_sigma: float = 6.0  # CIDEr-D length penalty (n = 4)
     # SCST's log-probs with gradient from the sampling pass itself instead of a teacher-forced recomputation: the
-    # same loss and gradient; faster only when the output layer dominates (bench/README.md "SCST in one pass")
+    # same loss and gradient; faster only when the output layer dominates (bench/NOTES.md "SCST in one pass")
     scst_one_pass: bool = False
     eos_in_reward: bool = True  # SacreEOS "standard": EOS kept in sampled captions and references
     feature_cache: str | None = None  # folder for cached frozen visual features; default <run dir>/feature_cache
@@ -541,7 +541,7 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
     ds["gradient_clipping"] = cfg.optim.grad_clip
     # bf16 = DeepSpeed's torch_autocast mode, never its bf16 mode (which casts every parameter, the momentum
     # towers included, to bf16): fp32 parameters = masters, bf16 autocast inside the engine's forward
-    # (README "Precision (bf16)"). Gradients are those of fp32 parameters, so micro-steps accumulate in fp32;
+    # (docs/precision.md). Gradients are those of fp32 parameters, so micro-steps accumulate in fp32;
     # grad_accum_dtype says so explicitly where accumulation is used.
     precision = resolve_precision(cfg)
     ds["bf16"] = {"enabled": False}

@@ -1,8 +1,9 @@
-"""Every `mplug ...` command written in a config comment (configs/*.yaml) or a README code block runs as
-written (issue 20: `--image-root` instead of `--images`, a shards recipe missing `eval.image_root=null`).
+"""Every `mplug ...` command written in a config comment (configs/*.yaml), README.md or a page of docs/ runs as
+written (issue 20: `--image-root` instead of `--images`, a shards recipe missing `eval.image_root=null`); a command
+written in several places runs once.
 
 Extraction: a comment line `#   mplug ...` (with `\\` continuations) is a command; a comment line `#   ... k=v`
-repeats the command above it with more overrides; in README.md, indented code lines starting with `mplug `;
+repeats the command above it with more overrides; in README.md and docs/*.md, indented code lines starting with `mplug `;
 in both, an inline `mplug ...` in backticks that has an option (--x) and no elision (`...`, `a|b`).
 Placeholders in capitals ending in _DIR and `<...>` stand for a model folder the test writes.
 Each command runs in a fresh folder holding the repo's configs/ and data_shards/ and the tiny inputs the
@@ -97,14 +98,20 @@ def inline_commands(path: str) -> list[str]:
     return [s for s in spans if " --" in s and "..." not in s and "|" not in s]
 
 
-def documented_commands() -> list[tuple[str, str]]:
-    found = []
-    paths = sorted(glob.glob(os.path.join(REPO_ROOT, "configs", "*.yaml"))) + [os.path.join(REPO_ROOT, "README.md")]
+def documented_commands(distinct: bool = True) -> list[tuple[str, str]]:
+    """(source, command) for every command of configs/*.yaml, README.md and docs/*.md; ``distinct``: each command
+    once, under the first file that writes it (a command repeated in several pages runs once)."""
+    found: dict[str, str] = {}
+    every: list[tuple[str, str]] = []
+    paths = (sorted(glob.glob(os.path.join(REPO_ROOT, "configs", "*.yaml"))) + [os.path.join(REPO_ROOT, "README.md")]
+             + sorted(glob.glob(os.path.join(REPO_ROOT, "docs", "*.md"))))
     for path in paths:
         source = os.path.relpath(path, REPO_ROOT)
         listed = config_comment_commands(path) if path.endswith(".yaml") else readme_commands(path)
-        found += [(source, c) for c in listed + inline_commands(path)]
-    return found
+        for command in listed + inline_commands(path):
+            found.setdefault(command, source)
+            every.append((source, command))
+    return [(source, command) for command, source in found.items()] if distinct else every
 
 
 COMMANDS = documented_commands()
@@ -113,12 +120,14 @@ COMMANDS = documented_commands()
 def test_the_documents_hold_the_commands_this_test_knows():
     """The extraction itself: a reworded recipe must still be found (counts per source)."""
     sources = {}
-    for source, _ in COMMANDS:
+    for source, _ in documented_commands(distinct=False):
         sources[source] = sources.get(source, 0) + 1
     assert sources["configs/caption_coco.yaml"] == 3 and sources["configs/retrieval_coco.yaml"] == 5
     assert sources["configs/vqa.yaml"] == 2 and sources["configs/pretrain_tiny.yaml"] == 1
-    assert sources["README.md"] >= 5
-    assert all(c.startswith("mplug ") and "\\" not in c for _, c in COMMANDS)
+    assert sources["README.md"] >= 3 and sources["docs/tasks.md"] >= 7 and sources["docs/slurm.md"] >= 2
+    assert sources["docs/data.md"] >= 1 and sources["docs/models.md"] >= 2 and sources["docs/configuration.md"] >= 2
+    assert all(c.startswith("mplug ") and "\\" not in c and "\n" not in c for _, c in COMMANDS)
+    assert len({c for _, c in COMMANDS}) == len(COMMANDS)
 
 
 def _write_jpeg(path: str, seed: int) -> None:
@@ -221,10 +230,10 @@ def test_documented_command_runs_as_written(source, command, workspace, tmp_path
     # training / full-size data: what the command does before any heavy work
     if argv[0] == "bench":  # the benchmark names parse; `mplug bench` itself is tested in tests/bench
         return
-    if argv[0] == "demo":  # the flags parse; tests/test_demo.py runs `mplug demo --quick` for real
+    if argv[0] == "demo":  # the flags parse; tests/demo/test_demo.py runs `mplug demo --quick` for real
         return
     if argv[0] in ("export", "convert"):  # need a DeepSpeed run / an official file: run for real in
-        return  # tests/test_model_folder.py and tests/models/test_convert_expansionnet.py; the flags parse here
+        return  # tests/models/folder/test_model_folder.py and tests/models/weights/test_convert_expansionnet.py; the flags parse here
     if argv[0] in ("pretrain", "finetune", "eval"):
         cfg = load_config(args.config, args.overrides, check_paths=argv[0] == "pretrain")
         for path in [cfg.init_from, getattr(args, "checkpoint", None)]:

@@ -189,17 +189,27 @@ def test_bad_inputs_say_what_is_wrong(loaded, images):
         mplug_pretrain.create_model_and_transforms("huge")
 
 
+def _python_blocks(path: str, section: str) -> list[str]:
+    with open(os.path.join(REPO_ROOT, path)) as f:
+        text = f.read()
+    assert section in text, f"{path} has no section {section!r}"
+    return re.findall(r"```python\n(.*?)```", text.split(section, 1)[1].split("\n## ", 1)[0], re.DOTALL)
+
+
 def readme_library_example() -> str:
-    with open(os.path.join(REPO_ROOT, "README.md")) as f:
-        readme = f.read()
-    section = readme.split("## Use it as a library", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
-    assert blocks, "README's 'Use it as a library' section has no python example"
+    """The python example of docs/library.md, "Load a model and run it" (README.md's quick start repeats it)."""
+    blocks = _python_blocks("docs/library.md", "## Load a model and run it")
+    assert blocks, "docs/library.md's 'Load a model and run it' section has no python example"
     return blocks[0]
 
 
+def test_the_readme_quick_start_shows_the_library_example_verbatim():
+    assert _python_blocks("README.md", "## Quick start") == [readme_library_example()]
+
+
 def test_readme_example_runs_as_written(tmp_path, images):
-    """The README's example, verbatim, in a folder laid out as `mplug demo` leaves runs/demo/."""
+    """The library example (docs/library.md and README.md), verbatim, in a folder laid out as `mplug demo` leaves
+    runs/demo/."""
     example = readme_library_example()
     for path in re.findall(r'"(runs/demo/[^"]+)"', example):
         save_model_folder(str(tmp_path / path), seed=2)

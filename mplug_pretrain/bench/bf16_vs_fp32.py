@@ -1,6 +1,6 @@
 """bf16 against fp32 on the same run: two `mplug pretrain` runs of the tiny preset on the embedded demo shards,
 same seed and data order, one with ``distributed.precision=fp32`` and one with ``bf16`` (DeepSpeed's
-torch_autocast mode: README, "Precision (bf16)"), on this machine (CPU); their per-step total losses compared
+torch_autocast mode: docs/precision.md), on this machine (CPU); their per-step total losses compared
 over the last ``window`` steps. Not timed.
 
     python -m mplug_pretrain.bench.bf16_vs_fp32 --steps 100 --out bench/results/bf16_vs_fp32.json
@@ -25,7 +25,7 @@ def run_pair(steps: int = 100, window: int = 20, batch_size: int = 4, workdir: s
                f"optim.max_steps={steps}", "distributed.zero_stage=0", f"distributed.precision={precision}",
                f"run.output_dir={workdir}", f"run.name={precision}", "run.tensorboard=false",
                "run.checkpoint_every_steps=100000"]
-        env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread: on a shared CPU far faster than two (bench/README)
+        env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread: on a shared CPU far faster than two (bench/NOTES.md)
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"{precision} run failed:\n{proc.stderr[-3000:]}")

@@ -1,4 +1,4 @@
-"""Bench: our CIDEr-D (``eval.cider_d.CiderD``) against pycocoevalcap's ``CiderScorer`` as an
+"""Bench: our CIDEr-D (``metrics.cider_d.CiderD``) against pycocoevalcap's ``CiderScorer`` as an
 SCST reward: 5,000 images x 5 references x 5 sampled captions (25,000 hypotheses, each scored
 against the references of its image), in batches of 50 images (250 hypotheses) like a training
 step. Captions are synthetic but COCO-like (8-15 words from a fixed vocabulary, seeded; the

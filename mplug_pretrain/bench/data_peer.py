@@ -1,4 +1,4 @@
-"""`mplug bench data-peer`: our WebDataset training pipeline (data/pipeline.build_pretrain_loader) against
+"""`mplug bench data-peer`: our WebDataset training pipeline (data/reading/pipeline.build_pretrain_loader) against
 open_clip's own `open_clip_train.data.get_wds_dataset` (the installed open_clip_train package, called as is),
 on the same demo pretraining shards, with the same image transform (data/transforms.build_train_transform:
 RandomResizedCrop + RandAugment + normalize at 64 px) and the same WordPiece tokenizer (max 30 tokens; open_clip

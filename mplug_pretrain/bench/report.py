@@ -1,6 +1,7 @@
 """Benchmark report: bench/results/*.json -> bench/README.md (tables of the latest figures, each row with its
-machine and the command that made it) and PNG plots in bench/plots/. `python -m mplug_pretrain.bench.report`.
-The README's hand-written "## Findings" section (from that heading to the end) is kept when it is regenerated.
+machine and the command that made it, each table with one paragraph on how to read it) and PNG plots in
+bench/plots/. `python -m mplug_pretrain.bench.report`. The README's hand-written "## Findings" section (from that
+heading to the end) is kept when it is regenerated; dated findings and experiments live in bench/NOTES.md.
 
 Every comparison row reads ours, the peer, and ratio = how many times ours is ahead (peer time / our time, our
 rate / peer rate, or peer bytes / our bytes), so a ratio above 1 means ours is ahead and below 1 behind.
@@ -141,10 +142,31 @@ def train_step_rows(results: str) -> list[list[str]]:
             for row in r["rows"]]
 
 
+def gpu_train_step_rows(results: str) -> list[list[str]]:
+    """One row per GPU case of train_step_gpu.json: the largest batch that fit and its step figures."""
+    r = _load(results, "train_step_gpu")
+    if r is None:
+        return []
+    rows = []
+    for row in r["rows"]:
+        fits = f" ({row['oom_at']} OOM)" if row.get("oom_at") else " (limit, no OOM)"
+        rows.append([row["preset"], str(row["zero_stage"]), "on" if row["grad_checkpointing"] else "off",
+                     f"{row['batch_per_rank']}{fits}", f"{row['step_seconds']:.3f}", f"{row['samples_per_s']:.0f}",
+                     f"{row['peak_gpu_memory_mb'] / 1024:.1f} GiB", f"{100 * row['mfu']:.1f} %"])
+    return rows
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _table_section(title: str, result: dict, command: str, reading: str, header: list[str],
+                   rows: list[list[str]]) -> list[str]:
+    """A report section: heading, the machine and command, how to read the table, the result's note, the table."""
+    return [f"## {title}", "", f"Machine: {_machine(result)}. Command: {command}. {reading} {result.get('note', '')}",
+            "", _table(header, rows), ""]
 
 
 def make_plots(results: str, plots: str) -> list[str]:
@@ -206,26 +228,41 @@ def write_report(results: str, readme: str, plots: str, findings: str | None = N
     made = make_plots(results, plots)
     parts = ["# Benchmarks", "",
              ("Latest figures from `bench/results/*.json` (all of them: `mplug bench all --out bench/results/`; this "
-              "page: `python -m mplug_pretrain.bench.report`). ratio = how many times ours is ahead of the peer "
-              "(peer time / our time, our rate / peer rate, peer bytes / our bytes): above 1 ours is ahead."),
-             ("The CPU machine is shared (2 cores, load average often 4-7 from other jobs): wall times carry that "
-              "noise; peer and ours are measured in the same run, interleaved where the bench says so."), "",
+              "page: `python -m mplug_pretrain.bench.report`). How to run and read them: docs/benchmarks.md; what "
+              "was learned from them, dated: [NOTES.md](NOTES.md)."), "",
              "## Ours vs peers", "",
+             ("One row per comparison, ours and the peer measured in the same run. ratio = how many times ours is "
+              "ahead (peer time / our time, our rate / peer rate, peer bytes / our bytes): above 1 ours is ahead, "
+              "below 1 behind. Compare rows only on the same machine: wall times on a shared CPU machine carry its "
+              "load, the ratio much less."), "",
              _table(["area", "measure", "ours", "peer", "ratio", "machine", "command"], rows), ""]
     if behind:
-        parts += ["Rows where ours is behind: " + "; ".join(behind) + " (see Findings).", ""]
-    ts = train_step_rows(results)
-    if ts:
-        r = _load(results, "train_step")
-        parts += ["## Pretraining step (DeepSpeed, fp32, CPU, gloo)", "",
-                  f"Machine: {_machine(r)}. Command: {_cmd('train-step')}. State columns are per rank, measured from "
-                  "the engine's tensors (mplug_pretrain/bench/zero_memory.py); peak RSS is the process's resident "
-                  "memory, max over ranks. " + r.get("note", ""), "",
-                  _table(["preset", "ranks", "ZeRO", "ckpt", "batch/rank", "s/step", "samples/s", "peak RSS MB",
-                          "params", "grads", "optimizer", "total state", "vs ZeRO-0",
-                          "ZeRO paper, bf16 mixed"], ts), ""]
+        parts += ["Rows where ours is behind: " + "; ".join(behind) + " (see NOTES.md).", ""]
+    cpu_step = _load(results, "train_step")
+    if (ts := train_step_rows(results)):
+        parts += _table_section(
+            "Pretraining step (DeepSpeed, fp32, CPU, gloo)", cpu_step, _cmd("train-step"),
+            "One row per (preset, ranks, ZeRO stage, gradient checkpointing). State columns are per rank, measured "
+            "from the engine's tensors (mplug_pretrain/bench/zero_memory.py): read down a ZeRO column at 2 ranks to "
+            "see what each stage partitions; at 1 rank ZeRO 1-3 add an fp32 master partition, so they hold more than "
+            "ZeRO-0. Peak RSS is the process's resident memory, max over ranks; the last column is what the ZeRO "
+            "paper's bf16 mixed-precision accounting would give.",
+            ["preset", "ranks", "ZeRO", "ckpt", "batch/rank", "s/step", "samples/s", "peak RSS MB", "params", "grads",
+             "optimizer", "total state", "vs ZeRO-0", "ZeRO paper, bf16 mixed"], ts)
+    if (gpu := gpu_train_step_rows(results)):
+        parts += _table_section(
+            "Pretraining step on a GPU (bf16)", _load(results, "train_step_gpu"),
+            "`mplug bench train-step --out bench/results/train_step_gpu.json` on a GPU (the calls are listed under "
+            "`runs` in the JSON)",
+            "One row per (preset, ZeRO stage, checkpointing) at the largest batch that fit, the batch doubled until "
+            "out of memory; MFU = model FLOPs per second (train/flops.py) over the card's dense bf16 peak, so rows "
+            "compare across presets and batches.",
+            ["preset", "ZeRO", "ckpt", "largest batch", "step (s)", "samples/s", "peak GPU memory", "MFU"], gpu)
     if made:
-        parts += ["## Plots", ""] + [f"![{m}](plots/{m})" for m in made] + [""]
+        parts += ["## Plots", "", ("Fusion: forward time against the number of visual tokens per design (lower is "
+                                   "faster). Decoding: captions/s against beam size, log scale, solid lines cached. "
+                                   "Train step: samples/s and per-rank state against the ZeRO stage."), ""]
+        parts += [f"![{m}](plots/{m})" for m in made] + [""]
     if findings:
         parts += ["## Findings", "", findings.strip(), ""]
     text = "\n".join(parts)

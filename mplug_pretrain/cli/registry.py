@@ -1,179 +1,76 @@
-"""Every fine-tuning / evaluation task and benchmark ``mplug`` runs, by name, as plain functions (the commands
-themselves are listed in cli/app.py, ``COMMANDS``).
+"""Every fine-tuning / evaluation task and benchmark ``mplug`` runs, by name, in one table (the commands themselves
+are listed in cli/app.py, ``COMMANDS``).
 
-``FINETUNE_TASKS`` / ``EVAL_TASKS`` / ``BENCHES``: name -> a function importing the module that implements it
-(``run(cfg, resume=...)``, ``run(cfg, checkpoint=..., out=...)``, ``run(out, quick=...)``). The import waits until
-the task runs, so ``mplug --help`` loads no torch, and a missing optional package surfaces when the task that needs
-it runs, as ``MissingDependencyError`` naming the package and its extra (``missing_dependency``).
+``REGISTRY`` holds one row per (command, name): the module that implements it and the keyword arguments its ``run``
+always gets (``run(cfg, resume=...)``, ``run(cfg, checkpoint=..., out=...)``, ``run(out, quick=...)``).
+``FINETUNE_TASKS`` / ``EVAL_TASKS`` / ``BENCHES`` are its rows per command, each a ``LazyTask``: calling it imports
+the module (``importlib``) and returns an object with ``run``. The import waits until the task runs, so building
+the parser imports no task, benchmark or DeepSpeed module, and a missing optional package surfaces when the task
+that needs it runs, as ``MissingDependencyError`` naming the package and its extra (``missing_dependency``).
 Nothing is filtered: every entry is offered. ``mplug submit`` reads its task names from here too.
 """
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass, field
 from functools import partial
 from types import SimpleNamespace
 
+_TASKS = "mplug_pretrain.tasks"
+_BENCH = "mplug_pretrain.bench"
 
-def _finetune_caption():
-    from mplug_pretrain.tasks.caption import finetune as caption_task
-    return caption_task
-
-
-def _finetune_vqa():
-    from mplug_pretrain.tasks.vqa import finetune as vqa_task
-    return vqa_task
-
-
-def _finetune_classification(task: str):
-    def load():
-        from mplug_pretrain.tasks.classify import finetune as classify_task
-        return SimpleNamespace(run=partial(classify_task.run, task=task))
-    return load
-
-
-def _finetune_retrieval():
-    from mplug_pretrain.tasks.retrieval import finetune as retrieval_task
-    return retrieval_task
-
-
-def _finetune_grounding():
-    from mplug_pretrain.tasks.grounding import finetune as grounding_task
-    return grounding_task
-
-
-FINETUNE_TASKS = {  # `mplug finetune <task>`
-    "caption": _finetune_caption,
-    "vqa": _finetune_vqa,
-    "retrieval": _finetune_retrieval,
-    "snli-ve": _finetune_classification("snli-ve"),
-    "nlvr2": _finetune_classification("nlvr2"),
-    "grounding": _finetune_grounding,
-}
+REGISTRY: tuple[tuple[str, str, str, dict], ...] = (  # (command, name, module, fixed keyword arguments of run)
+    ("finetune", "caption", f"{_TASKS}.caption.finetune", {}),
+    ("finetune", "vqa", f"{_TASKS}.vqa.finetune", {}),
+    ("finetune", "retrieval", f"{_TASKS}.retrieval.finetune", {}),
+    ("finetune", "snli-ve", f"{_TASKS}.classify.finetune", {"task": "snli-ve"}),
+    ("finetune", "nlvr2", f"{_TASKS}.classify.finetune", {"task": "nlvr2"}),
+    ("finetune", "grounding", f"{_TASKS}.grounding.finetune", {}),
+    ("eval", "caption", f"{_TASKS}.caption.evaluate", {}),
+    ("eval", "vqa", f"{_TASKS}.vqa.evaluate", {}),
+    ("eval", "snli-ve", f"{_TASKS}.classify.evaluate", {"task": "snli-ve"}),
+    ("eval", "nlvr2", f"{_TASKS}.classify.evaluate", {"task": "nlvr2"}),
+    ("eval", "grounding", f"{_TASKS}.grounding.evaluate", {}),
+    ("eval", "retrieval", f"{_TASKS}.retrieval.evaluate", {}),
+    ("eval", "video-retrieval", f"{_TASKS}.video.retrieval", {}),
+    ("eval", "video-qa", f"{_TASKS}.video.qa", {}),
+    ("eval", "video-caption", f"{_TASKS}.video.caption", {}),
+    ("bench", "dataloader", f"{_BENCH}.dataloader", {}),
+    ("bench", "fusion", f"{_BENCH}.fusion", {}),
+    ("bench", "train-step", f"{_BENCH}.train_step", {}),
+    ("bench", "cider", f"{_BENCH}.cider", {}),
+    ("bench", "generate", f"{_BENCH}.generate", {}),
+    ("bench", "scst-pass", f"{_BENCH}.scst_pass", {}),
+    ("bench", "feature-cache", f"{_BENCH}.feature_cache", {}),
+    ("bench", "data-peer", f"{_BENCH}.data_peer", {}),
+    ("bench", "attention-peer", f"{_BENCH}.attention_peer", {}),
+    ("bench", "vision-tower", f"{_BENCH}.vision_tower", {}),
+    ("bench", "cpu-threads", f"{_BENCH}.cpu_threads", {}),
+)
 
 
-def _eval_caption():
-    from mplug_pretrain.tasks.caption import evaluate as caption_task
-    return caption_task
+@dataclass(frozen=True)
+class LazyTask:
+    """A registry row: calling it imports ``module`` and returns what runs the task (``.run``)."""
+
+    module: str
+    fixed: dict = field(default_factory=dict)
+
+    def __call__(self):
+        loaded = importlib.import_module(self.module)
+        if not self.fixed:
+            return loaded
+        return SimpleNamespace(run=partial(loaded.run, **self.fixed))
 
 
-def _eval_vqa():
-    from mplug_pretrain.tasks.vqa import evaluate as vqa_task
-    return vqa_task
+def entries(command: str) -> dict[str, LazyTask]:
+    """The registry's rows of ``command`` (finetune | eval | bench), name -> LazyTask, in table order."""
+    return {name: LazyTask(module, dict(fixed)) for kind, name, module, fixed in REGISTRY if kind == command}
 
 
-def _eval_retrieval():
-    from mplug_pretrain.tasks.retrieval import evaluate as retrieval_task
-    return retrieval_task
-
-
-def _eval_video_retrieval():
-    from mplug_pretrain.tasks.video import retrieval as video_retrieval_task
-    return video_retrieval_task
-
-
-def _eval_video_qa():
-    from mplug_pretrain.tasks.video import qa as video_qa_task
-    return video_qa_task
-
-
-def _eval_video_caption():
-    from mplug_pretrain.tasks.video import caption as video_caption_task
-    return video_caption_task
-
-
-def _eval_classification(task: str):
-    def load():
-        from mplug_pretrain.tasks.classify import evaluate as classify_task
-        return SimpleNamespace(run=partial(classify_task.run, task=task))
-    return load
-
-
-def _eval_grounding():
-    from mplug_pretrain.tasks.grounding import evaluate as grounding_task
-    return grounding_task
-
-
-EVAL_TASKS = {  # `mplug eval <task>`
-    "caption": _eval_caption,
-    "vqa": _eval_vqa,
-    "snli-ve": _eval_classification("snli-ve"),
-    "nlvr2": _eval_classification("nlvr2"),
-    "grounding": _eval_grounding,
-    "retrieval": _eval_retrieval,
-    "video-retrieval": _eval_video_retrieval,
-    "video-qa": _eval_video_qa,
-    "video-caption": _eval_video_caption,
-}
-
-
-def _bench_dataloader():
-    from mplug_pretrain.bench import dataloader
-    return dataloader
-
-
-def _bench_fusion():
-    from mplug_pretrain.bench import fusion
-    return fusion
-
-
-def _bench_train_step():
-    from mplug_pretrain.bench import train_step
-    return train_step
-
-
-def _bench_cider():
-    from mplug_pretrain.bench import cider
-    return cider
-
-
-def _bench_generate():
-    from mplug_pretrain.bench import generate
-    return generate
-
-
-def _bench_scst_pass():
-    from mplug_pretrain.bench import scst_pass
-    return scst_pass
-
-
-def _bench_feature_cache():
-    from mplug_pretrain.bench import feature_cache
-    return feature_cache
-
-
-def _bench_data_peer():
-    from mplug_pretrain.bench import data_peer
-    return data_peer
-
-
-def _bench_attention_peer():
-    from mplug_pretrain.bench import attention_peer
-    return attention_peer
-
-
-def _bench_cpu_threads():
-    from mplug_pretrain.bench import cpu_threads
-    return cpu_threads
-
-
-def _bench_vision_tower():
-    from mplug_pretrain.bench import vision_tower
-    return vision_tower
-
-
-BENCHES = {  # `mplug bench <name>`
-    "dataloader": _bench_dataloader,
-    "fusion": _bench_fusion,
-    "train-step": _bench_train_step,
-    "cider": _bench_cider,
-    "generate": _bench_generate,
-    "scst-pass": _bench_scst_pass,
-    "feature-cache": _bench_feature_cache,
-    "data-peer": _bench_data_peer,
-    "attention-peer": _bench_attention_peer,
-    "vision-tower": _bench_vision_tower,
-    "cpu-threads": _bench_cpu_threads,
-}
-
+FINETUNE_TASKS = entries("finetune")  # `mplug finetune <task>`
+EVAL_TASKS = entries("eval")  # `mplug eval <task>`
+BENCHES = entries("bench")  # `mplug bench <name>`
 
 OPTIONAL_PACKAGES = {  # import name -> (distribution, setup.cfg extra that installs it)
     "av": ("av", "video"),

@@ -8,7 +8,7 @@ video_retrieval_demo  text-video retrieval on ``shards["video"]`` (96 synthetic 
                       mean of frame features, frame tokens without time positions), so the direction of
                       motion in a caption is close to invisible; colour, shape and size are not.
 The headline statistic is R@1 averaged over the two directions, reported beside its value under a random
-ranking (``eval.retrieval.chance_recall``). The small k keeps both under a minute on two CPU cores.
+ranking (``metrics.retrieval_scoring.chance_recall``). The small k keeps both under a minute on two CPU cores.
 """
 from __future__ import annotations
 

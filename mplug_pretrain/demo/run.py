@@ -33,14 +33,14 @@ QUICK_PRETRAIN = ["optim.max_steps=30", "optim.warmup_steps=5", "optim.alpha_war
 
 # Pretraining runs as `mplug pretrain --nproc 2` (torchrun, gloo, one thread per rank; data.batch_size is per
 # rank): one process with one thread left the second core idle. One rank of 24 with two threads (OpenMP's short
-# spin, README "CPU threads") is as fast and retrieves better, but its captioner lost beam CIDEr-D under SCST
-# on a fresh clone (bench/README.md "Demo: one rank of 24 with two threads"), so the demo keeps two ranks.
+# spin, docs/configuration.md "CPU threads") is as fast and retrieves better, but its captioner lost beam CIDEr-D under SCST
+# on a fresh clone (bench/NOTES.md "Demo: one rank of 24 with two threads"), so the demo keeps two ranks.
 PRETRAIN_RANKS = 2
 # a process group's environment: the demo's child processes start groups of their own, never the parent's
 PROCESS_GROUP_VARIABLES = ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 # Two lanes of stages, run side by side after pretraining (one process and one torch thread each: on 2 cores
-# that beats 2 threads in one process, README "CPU threads"); each stage(pretrained_dir, shards, run_root,
+# that beats 2 threads in one process, docs/configuration.md "CPU threads"); each stage(pretrained_dir, shards, run_root,
 # quick) -> {metric: value}. The lanes take about the same time.
 LANES = [
     [("caption fine-tuning (XE then SCST)", caption_demo)],
@@ -91,7 +91,7 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
 
     from mplug_pretrain.demo.shards import ensure_demo_shards
     from mplug_pretrain.train.run_log import plot_losses, read_log
-    torch.set_num_threads(1)  # one thread per process throughout the demo (README "CPU threads")
+    torch.set_num_threads(1)  # one thread per process throughout the demo (docs/configuration.md "CPU threads")
     start = time.time()
     shards = ensure_demo_shards(shards_root)
     _print_shard_summary(shards)

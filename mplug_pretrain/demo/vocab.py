@@ -1,5 +1,5 @@
 """The demo's word-piece vocabulary: BERT's first 104 entries ([PAD] 0, [unused*], [UNK] 100, [CLS] 101,
-[SEP] 102, [MASK] 103: the ids the decoders and MLM rely on, ``models.decoder_api``) followed by every word of
+[SEP] 102, [MASK] 103: the ids the decoders and MLM rely on, ``models.decoders.api``) followed by every word of
 the demo's texts, then single characters and their ``##`` continuations so no other word becomes [UNK].
 
 Why: the tiny preset is 128 wide, so with BERT's 30,522 words its LM heads (MLM, PrefixLM, captioning,

@@ -130,7 +130,7 @@ def evaluate_captions(predictions: Predictions, references: Mapping[ImageId, Seq
 # Python for caption text: contractions split ("man's" -> "man 's", "don't" -> "do n't", "cannot" -> "can not"),
 # brackets named (-lrb- -rrb- -lsb- -rsb- -lcb- -rcb-: with -lowerCase they escape pycocoevalcap's removal list),
 # "%" "$" "#" split off, abbreviations (u.s., p.m., mr.) keep their periods, other punctuation dropped.
-# tests/eval/test_caption_metrics_without_java.py compares it with the Java tokenizer.
+# tests/metrics/test_captions.py compares it with the Java tokenizer.
 _BRACKETS = {"(": "-lrb-", ")": "-rrb-", "[": "-lsb-", "]": "-rsb-", "{": "-lcb-", "}": "-rcb-"}
 _ABBREVIATIONS = {"mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "inc", "co", "ltd", "no", "mt", "ft"}
 _TOKEN = re.compile(r"""(?:""" + "|".join(sorted(_ABBREVIATIONS)) + r""")\.(?=\s|$)  # mr.

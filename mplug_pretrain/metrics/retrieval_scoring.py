@@ -12,7 +12,7 @@ Two-stage protocol of mPLUG ยง5.2.3 (after ALBEF), used zero-shot for video in ย
   exactly once (a pair in an image's and a text's top-k is shared), ``batch_size`` pairs per forward; in a
   process group of R ranks each rank fuses 1/R of those pairs and the scores are all-gathered
   (``score_pairs_across_ranks``), so R ranks give the one-process figures in about 1/R of the time.
-Recall@K (R@1/5/10, both directions, pessimistic ties) comes from ``eval.retrieval_metrics``.
+Recall@K (R@1/5/10, both directions, pessimistic ties) comes from ``metrics.retrieval_recall``.
 Memory: every visual item's states stay on the model's device ([N, L, D]; COCO 5k at ViT-B/16 is
 about 4 GB in fp32), as in the reference implementations, so the re-ranking never re-encodes images.
 """

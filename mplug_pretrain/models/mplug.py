@@ -18,7 +18,7 @@ into the queues after computing the losses; with ``defer_enqueue`` (set by the t
 pending instead, and the loop calls ``commit_enqueue()`` once the loss is known finite on every rank (or
 ``discard_enqueue()``), so a skipped batch leaves the queues as they were. In eval mode the queues are left
 untouched.
-Host syncs: none in ``forward`` for a batch without padding rows (README, "Precision (bf16)"; bench/README.md).
+Host syncs: none in ``forward`` for a batch without padding rows (docs/precision.md; bench/NOTES.md).
 """
 from __future__ import annotations
 

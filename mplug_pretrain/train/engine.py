@@ -1,7 +1,7 @@
 """DeepSpeed engine around our model: client AdamW with two LR groups (no DeepSpeed optimizer or
 scheduler, so no JIT optimizer build and no hijacked LR), ZeRO 0-3, bf16, gradient checkpointing.
 
-Precision (README, "Precision (bf16)"): a bf16 run uses DeepSpeed's ``torch_autocast`` mode, not its ``bf16``
+Precision (docs/precision.md): a bf16 run uses DeepSpeed's ``torch_autocast`` mode, not its ``bf16``
 mode. The parameters stay fp32 (they are the optimizer's masters, or an exact copy of them), the engine runs
 the forward under bf16 autocast (never an autocast of ours around it), and the model keeps fp32 islands
 (LayerNorm, losses, ITC/ITM logits). So the momentum encoders, the queues and the exported model are fp32
@@ -25,7 +25,7 @@ from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.utils.precision import use_fp32_layer_norms
 
 # The DeepSpeed versions this engine was tested with (torch_autocast mode, parameters kept fp32, the ZeRO-3
-# shard layout the momentum update relies on); setup.cfg pins the same range (tests/test_precision.py).
+# shard layout the momentum update relies on); setup.cfg pins the same range (tests/utils/test_precision.py).
 DEEPSPEED_VERSIONS = ">=0.19.8,<0.20"
 
 

@@ -10,7 +10,7 @@ owns DeepSpeed, exact resume, non-finite skipping, signals, logging and the fina
 boundary ``_finish_step`` (momentum update, ``_log_step``, ``_maybe_checkpoint``) -> ``_finish``.
 
 Host syncs: one per micro-step (the all-rank finiteness flag, needed before backward to skip a
-non-finite micro-batch; the model's forward has none, bench/README.md) and, per optimizer step, the log
+non-finite micro-batch; the model's forward has none, bench/NOTES.md) and, per optimizer step, the log
 record's (the accumulated losses, read together) and the checkpoint-due flag; the losses are accumulated on
 the device in float64, exactly as the former per-micro-step ``float()``. No autocast here: a bf16 engine
 runs its forward under its own (train/engine.py)."""

@@ -2,8 +2,8 @@
 
 ``autocast_context``: the precision a forward pass computes in *outside* a training engine (evaluation, the
 feature cache): under "bf16", torch's bf16 autocast on the device; under "fp32", nothing. Training never
-wraps the DeepSpeed engine in it: the engine runs its forward under its own ``torch_autocast`` (README,
-"Precision (bf16)"; DeepSpeed silently disables an autocast entered outside it).
+wraps the DeepSpeed engine in it: the engine runs its forward under its own ``torch_autocast``
+(docs/precision.md; DeepSpeed silently disables an autocast entered outside it).
 
 ``fp32_island``: a region that computes in fp32 even inside an autocast forward (losses, ITC/ITM logits,
 hard-negative similarities). ``FP32LayerNorm`` / ``use_fp32_layer_norms``: LayerNorm computed and returned in

@@ -49,3 +49,20 @@ def test_generation_rows_compare_the_packed_decoder_with_transformers_and_with_p
     assert "packed vs plain" in packed_vs_plain and "1.50x" in packed_vs_plain
     assert "| 6 |" in versus_peer and "transformers 3" in versus_peer and "2.00x" in versus_peer
     assert (tmp_path / "plots" / "decode_speed_vs_beam.png").stat().st_size > 1000
+
+
+def test_gpu_train_step_table_gives_the_largest_batch_its_memory_and_mfu(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    gpu = {**MACHINE, "gpu": "Test GPU"}
+    rows = [{"preset": "base", "zero_stage": 2, "grad_checkpointing": False, "batch_per_rank": 128, "step_seconds": 0.5,
+             "samples_per_s": 256.0, "peak_gpu_memory_mb": 3 * 1024.0, "mfu": 0.125, "oom_at": 256},
+            {"preset": "large", "zero_stage": 0, "grad_checkpointing": True, "batch_per_rank": 1024, "step_seconds": 4.0,
+             "samples_per_s": 256.0, "peak_gpu_memory_mb": 1536.0, "mfu": 0.25, "oom_at": None}]
+    (results / "train_step_gpu.json").write_text(json.dumps({"bench": "train_step", "machine": gpu, "rows": rows,
+                                                              "note": "two leases"}))
+    text = write_report(str(results), str(tmp_path / "README.md"), str(tmp_path / "plots"))
+    assert "## Pretraining step on a GPU (bf16)" in text and "box: Test GPU" in text and "two leases" in text
+    table = [line for line in text.splitlines() if line.startswith(("| base", "| large"))]
+    assert table == ["| base | 2 | off | 128 (256 OOM) | 0.500 | 256 | 3.0 GiB | 12.5 % |",
+                     "| large | 0 | on | 1024 (limit, no OOM) | 4.000 | 256 | 1.5 GiB | 25.0 % |"]

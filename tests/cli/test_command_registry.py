@@ -45,6 +45,30 @@ def test_every_registered_task_module_imports_and_runs_something():
             assert callable(load().run), name
 
 
+def test_one_row_per_command_and_name_and_the_fixed_arguments_reach_run():
+    keys = [(command, name) for command, name, _, _ in registry.REGISTRY]
+    assert len(keys) == len(set(keys))
+    assert {c for c, _ in keys} == {"finetune", "eval", "bench"}
+    for table, command in ((registry.FINETUNE_TASKS, "finetune"), (registry.EVAL_TASKS, "eval")):
+        for task in ("snli-ve", "nlvr2"):
+            run = table[task]().run
+            assert run.keywords == {"task": task}, command
+            assert run.func.__module__ == f"mplug_pretrain.tasks.classify.{'finetune' if command == 'finetune' else 'evaluate'}"
+    assert registry.BENCHES["train-step"]().__name__ == "mplug_pretrain.bench.train_step"
+
+
+def test_building_the_parser_imports_no_task_benchmark_or_deepspeed_module():
+    """The registry's imports wait until a task runs: `mplug --help` stays quick and needs no optional package."""
+    code = ("import sys\n"
+            "from mplug_pretrain.cli import build_parser\n"
+            "build_parser()\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('mplug_pretrain.tasks', 'mplug_pretrain.bench', "
+            "'deepspeed', 'mplug_pretrain.data.reading'))))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                          check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
 def test_a_command_whose_registration_fails_is_an_error_not_a_vanished_command(monkeypatch):
     def broken(sub):
         raise ModuleNotFoundError("No module named 'mplug_pretrain.no_such_module'", name="mplug_pretrain.no_such_module")

@@ -62,7 +62,8 @@ def test_demo_fine_tunes_caption_and_vqa_models_into_folders(demo_run):
 
 
 def test_readme_library_example_runs_on_the_demo_models(demo_run, tmp_path):
-    """The README's 'Use it as a library' example, verbatim, on the folders `mplug demo` really wrote."""
+    """The library example (docs/library.md, repeated in README.md's quick start), verbatim, on the folders
+    `mplug demo` really wrote."""
     import os
     import re
     import subprocess

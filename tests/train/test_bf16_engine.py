@@ -1,5 +1,5 @@
-"""bf16 under real DeepSpeed (CPU, 2 ranks, gloo), ZeRO-2 and ZeRO-3: the precision policy of README
-"Precision (bf16)" checked end to end by tests/train/bf16_engine_worker.py (one launch per stage, shared by the
+"""bf16 under real DeepSpeed (CPU, 2 ranks, gloo), ZeRO-2 and ZeRO-3: the precision policy of docs/precision.md
+checked end to end by tests/train/bf16_engine_worker.py (one launch per stage, shared by the
 tests below). Each check is against an independent computation made in the worker: an fp32 EMA recomputed from
 the online fp32 masters step by step, the masters themselves for the export, forward hooks for the dtypes."""
 import json

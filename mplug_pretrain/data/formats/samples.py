@@ -15,7 +15,7 @@ CaptionEvalFormat:
 VideoFormat:
   video_bytes list[bytes]; video_ext list[str]; video_id list; captions list[list[str]];
   qa list[list[dict]]; __key__; is_pad; with num_frames also video float32 [B,N,3,H,W]
-  (frames from ``data.video_frames.decode_frames``, eval transform per frame).
+  (frames from ``data.formats.video_frames.decode_frames``, eval transform per frame).
 A sample's augmentation is seeded by (slot seed, raw position), so a resumed loader repeats it.
 """
 from __future__ import annotations

@@ -194,7 +194,7 @@ def build_caption_eval_loader(spec: LoaderSpec, *, image_size: int) -> ShardLoad
 def build_video_loader(spec: LoaderSpec, *, num_frames: int | None = None, image_size: int | None = None,
                        frame_mode: str = "uniform", backend: str = "auto") -> ShardLoader:
     """Raw video bytes + captions/QA (``LoaderSpec.evaluation``). With ``num_frames`` (and ``image_size``)
-    also ``video`` float32 [B, N, 3, H, W] decoded by ``data.video_frames.decode_frames``."""
+    also ``video`` float32 [B, N, 3, H, W] decoded by ``data.formats.video_frames.decode_frames``."""
     if num_frames is not None and image_size is None:
         raise ConfigError("eval.num_frames: decoding frames needs image_size too")
     transform = build_eval_transform(image_size) if num_frames is not None else None

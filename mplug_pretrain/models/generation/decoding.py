@@ -193,7 +193,7 @@ def sample_with_grad(decoder: nn.Module, memory: torch.Tensor, memory_mask: torc
                      max_length: int = 20, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``sample`` (temperature 1, full softmax) with autograd on: log_probs [B * num_samples] carry a graph back
     to ``memory`` and the decoder's parameters, so SCST needs no teacher-forced recomputation. Equals
-    ``sample`` then ``sequence_log_probs`` for the same random draws (tests/tasks/test_caption_scst_one_pass.py)."""
+    ``sample`` then ``sequence_log_probs`` for the same random draws (tests/tasks/caption/test_caption_scst_one_pass.py)."""
     with torch.enable_grad():
         return _sample(decoder, memory, memory_mask, num_samples, max_length, 0, 1.0, 0, 1.0, generator)
 

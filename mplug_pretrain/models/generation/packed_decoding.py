@@ -3,7 +3,7 @@
 Why: every decoding step multiplies a few rows (images x beams) by every weight of the decoder. At that size
 the products stream the weights, and MKL's sgemm spends about a quarter of each product re-packing the
 weight matrix it is given. Packed once, the products of a 6-layer base decoder step took 16-17 ms instead of
-22-23 ms on a 2-core Xeon (bench/README.md "Packed weights and a short OpenMP spin"); packing them all takes
+22-23 ms on a 2-core Xeon (bench/NOTES.md "Packed weights and a short OpenMP spin"); packing them all takes
 ~75 ms, so it pays only over several decoding calls with unchanged weights: an evaluation pass. The packed
 copies hold a second copy of the decoder's linear weights while the block lasts.
 

@@ -2,7 +2,7 @@
 
 ``dropout(x, p, training)``: zero each element with probability p, scale the others by 1 / (1 - p) (as
 ``F.dropout``). On CPU the mask is ``r >= round(p * 2^31)`` for r uniform 32-bit integers in [0, 2^31):
-torch's CPU ``bernoulli_`` costs about 5 ns an element, ``random_`` on int32 about 2 (bench/README.md,
+torch's CPU ``bernoulli_`` costs about 5 ns an element, ``random_`` on int32 about 2 (bench/NOTES.md,
 "Decoding and the decoder against transformers"); the keep probability is exact to 2^-31. Other devices use
 ``F.dropout`` (fused there).
 

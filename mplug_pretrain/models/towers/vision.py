@@ -141,7 +141,7 @@ class VisualProjection(nn.Module):
 
 class ImageEncoder(nn.Module):
     """image [B, 3, H, W] -> visual states [B, 1 + M, text_width]: ViT (ours, or a timm / open_clip tower by
-    ``vision.backbone``: models/backbones), projection (if widths differ), refiner."""
+    ``vision.backbone``: models/towers/external.py), projection (if widths differ), refiner."""
 
     def __init__(self, cfg: VisionConfig, text_width: int, dropout: float, refiner: VisualRefinerConfig):
         super().__init__()

@@ -77,7 +77,7 @@ class FeatureCache:
 
 
 class CachedCaptionFormat:
-    """Like ``data.formats.ImageTextFormat`` with the image replaced by its cached ViT features.
+    """Like ``data.formats.samples.ImageTextFormat`` with the image replaced by its cached ViT features.
 
     Batch: features float32 [B, 1+M, D_vit]; input_ids, attention_mask [B, T]; image_id long [B];
     text list[str]; __key__; is_pad. ``text_fn`` maps the raw caption to the training text.

@@ -3,10 +3,10 @@ frozen-backbone steps "the backbone's forward pass is performed only once for ea
 
 What is cached: the ViT tokens ``model.image_encoder.vit(image)`` [1 + M, D_vit] of the eval transform
 (resize + centre crop, no augmentation). What still runs at every step, with gradient: the projection
-and the visual refiner (``models.vision.states_from_vit_tokens``), the text encoder, fusion and decoder.
+and the visual refiner (``models.towers.vision.states_from_vit_tokens``), the text encoder, fusion and decoder.
 
 The folder layout and its read side (``FeatureCache``, ``CachedCaptionFormat``) are in tasks/caption/cached_features.py.
-Rows are keyed by "<shard>#<image id>" (``cache_key``; the id is ``data.formats.image_id_of``: json
+Rows are keyed by "<shard>#<image id>" (``cache_key``; the id is ``data.formats.samples.image_id_of``: json
 ``image_id``, else a hash of the sample key), so the captions of one image in a pair-layout shard share one
 row, and two data sets that number their images alike never share one. The fingerprint hashes the ViT
 weights, the input size, the dtype and the shard files (path, size): features of other weights
@@ -35,7 +35,7 @@ from mplug_pretrain.utils.atomic_files import atomic_write, write_json_atomic
 
 
 class CacheInputFormat:
-    """What the cache builder reads: image (eval transform) and cache key; ``data.pipeline`` format protocol."""
+    """What the cache builder reads: image (eval transform) and cache key; ``data.reading.pipeline`` format protocol."""
 
     def __init__(self, transform, image_size: int):
         self.transform, self.image_size = transform, image_size

@@ -1,12 +1,12 @@
 """Held-out expected CIDEr-D of sampled captions: the quantity SCST maximises, measured on images it never saw.
 
 For each held-out image, k captions are sampled exactly as an SCST step samples them (``models.generation.
-sample``: the full softmax, at most ``max_length`` tokens, EOS included) and each is scored by CIDEr-D
+decoding.sample``: the full softmax, at most ``max_length`` tokens, EOS included) and each is scored by CIDEr-D
 against that image's references (n = 4, sigma = 6, SacreEOS "standard", document frequencies from the
-held-out references, one document per image: ``train.scst.CiderDReward``). The result is the mean over all
-N * k samples. It lives in train/ beside the SCST reward it measures (eval/ never imports train/). Beam-search CIDEr-D (``caption_task.fast_cider_d``) scores the mode of the caption
-distribution; this scores the distribution, so it shows whether what SCST learned carries over to new images
-even where the mode has not moved yet.
+held-out references, one document per image: ``tasks.caption.scst.CiderDReward``). The result is the mean
+over all N * k samples. It lives in tasks/caption/ beside the SCST reward it measures. Beam-search CIDEr-D
+(``evaluate.fast_cider_d``) scores the mode of the caption distribution; this scores the distribution, so it
+shows whether what SCST learned carries over to new images even where the mode has not moved yet.
 """
 from __future__ import annotations
 

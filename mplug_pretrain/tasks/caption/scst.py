@@ -2,7 +2,7 @@
 "average of the other samples" baseline, arXiv:2003.09971).
 
 For each of the N images of a batch, k captions y_i1..y_ik are sampled from the model (multinomial on
-the full softmax, at most ``max_length`` tokens, EOS included; ``models.generation.sample``), then
+the full softmax, at most ``max_length`` tokens, EOS included; ``models.generation.decoding.sample``), then
 
     r_ij = CIDEr-D(y_ij ; refs_i)               n = 4, sigma = 6, document frequencies from the TRAINING
                                                 references (one document per training image)
@@ -11,23 +11,23 @@ the full softmax, at most ``max_length`` tokens, EOS included; ``models.generati
 
 with log p the summed token log-probabilities (EOS included); the reward and the baseline carry no gradient.
 log p comes either from the sampling pass itself, run with autograd on (``one_pass``, as ExpansionNet v2's
-training: ``models.generation.sample_with_grad``), or (default) from a second, teacher-forced pass over the
-samples drawn without gradient (``models.generation.sequence_log_probs``). Both give the same samples, loss and
-gradient (tests/tasks/test_caption_scst_one_pass.py). Either way an image is encoded once for its k samples
+training: ``models.generation.decoding.sample_with_grad``), or (default) from a second, teacher-forced pass over the
+samples drawn without gradient (``models.generation.decoding.sequence_log_probs``). Both give the same samples, loss and
+gradient (tests/tasks/caption/test_caption_scst_one_pass.py). Either way an image is encoded once for its k samples
 (``generation.expand_memory``: the BERT decoder also computes the memory's keys and values once per image).
 One pass saves the recomputation but back-propagates through 20 single-token steps, each of which accumulates
 every weight gradient and keeps its own copy of the growing key/value cache; two passes back-propagate once
-through a batched forward. Measured (``mplug bench scst-pass``, bench/README.md "SCST in one pass"), one pass
+through a batched forward. Measured (``mplug bench scst-pass``, bench/NOTES.md "SCST in one pass"), one pass
 wins only where the output layer dominates (the tiny preset with BERT's 30,522 words); with the demo's small
 vocabulary and at the base preset two passes are faster.
 SacreEOS "standard" (signature STANDARD_wInit+Cider-D[n4,s6.0]+average[nspi5]): EOS is appended to every
 reference and to every sample that emitted it (a sample cut at ``max_length`` has none).
-Rewards compare words: references and decoded samples both go through ``data.caption_text.clean_caption``
+Rewards compare words: references and decoded samples both go through ``tasks.caption.text.clean_caption``
 (ExpansionNet v2's preprocessing: "man's" -> "man s").
 
 The policy is the network with dropout OFF (``policy_mode``), in both modes: with two passes and dropout on, the
 two would see different masks, so the gradient would push up log p of captions that a different network
-sampled. On the demo's synthetic captions the dropout-free policy raised held-out CIDEr-D faster (bench/README.md,
+sampled. On the demo's synthetic captions the dropout-free policy raised held-out CIDEr-D faster (bench/NOTES.md,
 "SCST and dropout").
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ Input (``cfg.eval``), one of:
   * ``shards``: our video shards, references in ``json.captions``;
   * ``annotations`` + ``video_root``: VATEX (``vatex_validation_v1.0.json``: [{"videoID", "enCap": [10
     captions], ...}], files named "<videoID>.mp4") or any list read by
-    ``video_retrieval_task.read_caption_annotations``.
+    ``tasks.video.retrieval.read_caption_annotations``.
 Per video: memory = concat(fuse(video states, prompt)) of the N frames' tokens (``video_encoding``) and
 ``eval.generation.prompt`` ("[CLS] a video of [SEP]", the paper's; the released config uses "a picture of")
 through the text encoder; beam search (eval.generation: beam_size, min_length..max_length tokens incl. [SEP],

@@ -8,7 +8,7 @@ Input (``cfg.eval``), one of:
     ALPRO/mPLUG ship them (JSON Lines with "video_id": "video7010": ``video_name_format: "{}"``).
 Per question: memory = concat(fuse(video states, question)) of the N frames' tokens (``video_encoding``) and
 the question, then the answer by ``eval.qa_inference``:
-    rank      ``eval/vqa_ranking.rank_answers`` over the answer list (``rank_k`` first-token candidates), the
+    rank      ``models/generation/answer_ranking.rank_answers`` over the answer list (``rank_k`` first-token candidates), the
               released mPLUG video-QA protocol; list = ``eval.answer_list`` (JSON list, {answer: label} as
               mPLUG's, or one per line), else the distinct answers of the evaluated questions (a closed set
               that contains every right answer: an easier setting than the training answer list)

@@ -3,8 +3,8 @@
     image, question -> MPLUG.memory (text encoder + fusion) -> the answer, by ``vqa.inference``:
         generate  beam search (vqa.generation: beam_size, length_penalty; at least 1 and at most max_length
                   tokens, [SEP] included), decoded to free text: mPLUG's open-vocabulary answers
-        rank      eval/vqa_ranking.rank_answers over the answer list (vqa.rank_k first-token candidates)
-    accuracy  eval/vqa_accuracy.evaluate_vqa with ``vqa.normalization`` over the questions that have human
+        rank      models/generation/answer_ranking.rank_answers over the answer list (vqa.rank_k first-token candidates)
+    accuracy  metrics/vqa_accuracy.evaluate_vqa with ``vqa.normalization`` over the questions that have human
               answers (test splits have none: then only the submission is written)
     files     the metrics JSON (``out`` | eval.output | <run_dir>/metrics_vqa.json) and the test-dev
               submission [{"question_id", "answer"}] (vqa.submission | <metrics stem>.vqa_submission.json beside the metrics)

@@ -1,5 +1,5 @@
 """BERT decoder: parity with transformers' BertLMHeadModel (the contract every decoder head keeps is
-tests/models/test_decoder_contract.py)."""
+tests/models/decoders/test_decoder_contract.py)."""
 from __future__ import annotations
 
 from contextlib import nullcontext

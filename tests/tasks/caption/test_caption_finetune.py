@@ -1,6 +1,6 @@
 """`mplug finetune caption` end to end through the CLI (cached-feature XE stage, then SCST; pycocoevalcap
 metrics of the final model; stage skipping on resume). That SCST after XE raises held-out CIDEr-D is
-checked on `mplug demo`'s caption stage, in tests/test_demo.py (one shared end-to-end run)."""
+checked on `mplug demo`'s caption stage, in tests/demo/test_demo.py (one shared end-to-end run)."""
 import json
 import os
 

@@ -65,7 +65,7 @@ def test_final_evaluation_equals_mplug_eval_retrieval(finetuned):
 def test_fine_tuned_model_retrieves_well_above_chance(finetuned):
     """Mean R@1 over both directions at least 2 points above its value under a random ranking (0.4 %: 3 of 750
     captions per image, 1 of 250 images per caption); the recalls themselves are checked against a brute-force
-    recount in tests/eval/."""
+    recount in tests/metrics/."""
     with open(finetuned / "ft" / "metrics.json") as f:
         metrics = json.load(f)
     mean_r1 = (metrics["txt_r1"] + metrics["img_r1"]) / 2

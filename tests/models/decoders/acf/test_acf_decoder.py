@@ -1,5 +1,5 @@
 """ACFDecoder: stacked clustering rows growing across layers (Eq. 5) and the parameter count (the decoder_api
-contract: tests/models/test_decoder_contract.py)."""
+contract: tests/models/decoders/test_decoder_contract.py)."""
 import itertools
 
 import pytest

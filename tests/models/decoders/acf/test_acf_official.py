@@ -197,7 +197,7 @@ def test_2d_official_uses_one_shared_fc_and_the_official_1d_per_direction():
 
 
 def test_official_refiner_runs_and_both_modules_validate_the_field():
-    """(The official decoder keeps the decoder_api contract: tests/models/test_decoder_contract.py.)"""
+    """(The official decoder keeps the decoder_api contract: tests/models/decoders/test_decoder_contract.py.)"""
     torch.manual_seed(5)
     refiner = ACFVisualRefiner(VisualRefinerConfig(type="acf", layers=2, acf_formula="official"), 8, 2, heads=2)
     out, clusters = refiner(torch.randn(2, 5, 8), return_clusters=True)

@@ -1,5 +1,5 @@
 """ExpansionDecoder: its parameter count from the architecture (paper Eq. 12 and the layer combination) and its
-config check (the decoder_api contract: tests/models/test_decoder_contract.py)."""
+config check (the decoder_api contract: tests/models/decoders/test_decoder_contract.py)."""
 import pytest
 
 import mplug_pretrain  # noqa: F401
