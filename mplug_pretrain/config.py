@@ -102,6 +102,10 @@ class RunConfig:
     # fields a resumed run may change from its checkpoint's config (dotted names or sections, e.g. optim.max_steps);
     # logging, checkpoint cadence and paths may always change (train/config_change.py)
     allow_config_change: list[str] = field(default_factory=list)
+    # held-out validation while training (data.val_shards): every N optimizer steps and at the end (0: at the end)
+    eval_every_steps: int = 0
+    val_batches: int = 0  # per rank and validation; 0: this rank's whole share of data.val_shards
+    best_metric: str = "val_itc_r1"  # kept in <run>/best/ when it improves; *loss* metrics improve downwards
 
 
 @dataclass
@@ -363,6 +367,8 @@ def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
     check_positive(r.checkpoint_every_minutes, "run.checkpoint_every_minutes")
     check_positive(r.keep_last, "run.keep_last")
     check_positive(r.max_nonfinite_in_row, "run.max_nonfinite_in_row")
+    check_positive(r.eval_every_steps, "run.eval_every_steps", allow_zero=True)
+    check_positive(r.val_batches, "run.val_batches", allow_zero=True)
     if not r.name or "/" in r.name or r.name.startswith("."):
         raise ConfigError(f"run.name: expected a plain folder name, got {r.name!r}")
     _validate_field_names(cfg, r.allow_config_change, "run.allow_config_change")

@@ -41,7 +41,9 @@ from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, re
 from mplug_pretrain.train.schedule import apply_lr
 from mplug_pretrain.train.signals import PREEMPTED_MARKER, StopRequest
 from mplug_pretrain.utils import process_group
-from mplug_pretrain.utils.atomic_files import write_text_atomic
+from mplug_pretrain.utils.atomic_files import write_json_atomic, write_text_atomic
+
+BEST_METRICS_FILE = "val_metrics.json"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -82,12 +84,16 @@ class TrainTask:
     losses(module, batch, state) -> {"loss": scalar to optimise, "loss_*": scalars to log}
     flops_per_sample(cfg, batch) -> model FLOPs (forward + backward) of one sample of this batch, for MFU
         (None: the task has no FLOP count and MFU is not logged)
+    validate(module, cfg) -> {"val_*": number}: held-out metrics, called on every rank (each reads its share of
+        data.val_shards and the metrics are over all ranks) in eval mode without gradient, every
+        run.eval_every_steps optimizer steps and after the last (None: the task does not validate)
     """
     name: str
     build_model: Callable[[Config], torch.nn.Module]
     make_loader: Callable[[Config, LoaderSpec], Iterable[dict]]
     losses: Callable[[torch.nn.Module, dict, TrainerState], dict]
     flops_per_sample: Callable[[Config, dict], float] | None = None
+    validate: Callable[[torch.nn.Module, Config], dict] | None = None
 
 
 def training_loader_spec(cfg: Config, rank: int, world_size: int, state: TrainerState) -> LoaderSpec:
@@ -156,6 +162,7 @@ class _Run:
     resume_tag: str | None = None  # the checkpoint this run continues
     resume_warnings: list = field(default_factory=list)  # damaged newer tags skipped
     lock: RunFolderLock | None = None  # rank 0's hold on the run folder
+    best: float | None = None  # run.best_metric's best value so far (its model is <run>/best/)
 
     @property
     def samples_per_step(self) -> int:
@@ -241,6 +248,8 @@ def _resume(run: _Run) -> None:
                       f"epoch {s.epoch} batch {s.batch_in_epoch}{fallback}")
     run.nan_steps = set(cfg.run.inject_nonfinite_at_steps)
     run.last_ckpt_time = time.time()
+    if tag is not None:
+        run.best = _read_best(run.run_dir, cfg.run.best_metric)
 
 
 def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
@@ -332,6 +341,59 @@ def _maybe_checkpoint(run: _Run) -> bool:
     return bool(signal_flag)
 
 
+def _maybe_validate(run: _Run) -> None:
+    """Held-out validation when due (``TrainTask.validate``): logged with the time it took; the model folder
+    ``<run>/best/`` (and its ``val_metrics.json``) replaced when run.best_metric improves."""
+    cfg, state = run.cfg, run.state
+    every = cfg.run.eval_every_steps
+    last = state.global_step >= cfg.optim.max_steps
+    if run.task.validate is None or not cfg.data.val_shards or not (last or (every and state.global_step % every == 0)):
+        return
+    module = run.engine.module
+    modes = {m: m.training for m in module.modules()}  # frozen parts stay in eval mode afterwards
+    started = time.time()
+    module.eval()
+    try:
+        with torch.no_grad(), _engine_autocast(run.engine):
+            metrics = run.task.validate(module, cfg)
+    finally:
+        for m, training in modes.items():
+            m.training = training
+    record = {"step": state.global_step, "samples_seen": state.samples_seen, **metrics,
+              "val_time_s": time.time() - started}
+    run.log.validation(record)
+    value = metrics.get(cfg.run.best_metric)
+    if value is None:
+        return
+    lower_is_better = "loss" in cfg.run.best_metric
+    if run.best is None or (value < run.best if lower_is_better else value > run.best):
+        run.best = value
+        best_dir = os.path.join(run.run_dir, "best")
+        save_final_model(run.engine, best_dir, cfg.distributed.zero_stage, run.rank, cfg)
+        if run.rank == 0:
+            write_json_atomic(os.path.join(best_dir, BEST_METRICS_FILE), record)
+        run.log.event(f"[val] {cfg.run.best_metric} {value:.4g}: best so far, model in {best_dir}")
+
+
+def _engine_autocast(engine):
+    """The engine's own bf16 autocast for a forward that bypasses ``engine(...)`` (validation), else nothing."""
+    import contextlib
+    if engine_precision(engine) == "bf16":
+        return torch.autocast(device_type=torch.device(engine.device).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _read_best(run_dir: str, metric: str) -> float | None:
+    """The best value recorded in <run>/best/ by an earlier part of this run (resume), if any."""
+    import json
+    try:
+        with open(os.path.join(run_dir, "best", BEST_METRICS_FILE)) as f:
+            value = json.load(f).get(metric)
+    except (OSError, ValueError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def _finish_step(run: _Run, lrs: dict, data_time: float, step_time: float) -> bool:
     """After an optimizer step: momentum update, counters, log, checkpoint. -> True to stop training."""
     after_optimizer_step(run.engine, run.cfg.distributed.zero_stage)  # momentum EMA, temperature clamp
@@ -340,6 +402,7 @@ def _finish_step(run: _Run, lrs: dict, data_time: float, step_time: float) -> bo
     run.state.global_step += 1
     run.state.samples_seen += run.samples_per_step
     _log_step(run, lrs, data_time, step_time)
+    _maybe_validate(run)
     if _maybe_checkpoint(run):
         return True
     return run.state.global_step >= run.cfg.optim.max_steps

@@ -21,7 +21,7 @@ from mplug_pretrain.errors import ConfigError
 
 LOCK_FILE = ".lock"
 # what a run writes into its folder; run.overwrite=true removes these before a new run starts
-RUN_OUTPUTS = ("checkpoints", "log.jsonl", "tensorboard", "model", "plots", "world.json", "preempted",
+RUN_OUTPUTS = ("checkpoints", "log.jsonl", "tensorboard", "model", "best", "plots", "world.json", "preempted",
                "stage_done.json", "metrics.json")
 
 

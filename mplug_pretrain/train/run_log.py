@@ -101,6 +101,24 @@ class RunLog:
                              if k != "step" and isinstance(v, (int, float))}, step=step)
         self._progress.step(record)
 
+    def validation(self, record: dict) -> None:
+        """A held-out validation record ({"step", "val_*", ...}): log.jsonl, TensorBoard and wandb (panels
+        ``val/...``), and one line on the console; never the progress bar's loss."""
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        scalars = {k.replace("val_", "val/", 1): v for k, v in record.items()
+                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self._tb is not None:
+            for key, value in scalars.items():
+                self._tb.add_scalar(key, value, record["step"])
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=record["step"])
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in record.items() if k.startswith("val_") and isinstance(v, float))
+        self._progress.event(f"[val] step {record['step']}: {shown}")
+
     def event(self, message: str) -> None:
         if self.enabled:
             self._progress.event(message)

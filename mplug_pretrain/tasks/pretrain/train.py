@@ -70,6 +70,11 @@ def run_pretrain(cfg: Config, resume: str | None = None) -> dict:
     def losses(engine, batch: dict, state: TrainerState) -> dict:
         return engine(batch, alpha=distill_alpha(cfg, state.global_step))  # all four losses, one forward
 
+    def validate(module, cfg: Config) -> dict:
+        from mplug_pretrain.data.tokenizer import load_tokenizer
+        from mplug_pretrain.tasks.pretrain.validation import validate as held_out_metrics
+        return held_out_metrics(module, cfg, load_tokenizer(cfg.data.tokenizer))
+
     task = TrainTask(name="pretrain", build_model=build_model, make_loader=build_train_loader, losses=losses,
-                     flops_per_sample=flops_per_sample)
+                     flops_per_sample=flops_per_sample, validate=validate)
     return run_training(cfg, task, resume=resume)
