@@ -231,7 +231,7 @@ class MPLUG(InferenceMixin, StepHooks, nn.Module):
         if weights["itc"]:
             self.itc.clamp_temperature()
             losses["itc"] = self.itc.loss(image_feat, text_feat, image_feat_m, text_feat_m, idx,
-                                          alpha if self.image_encoder_m is not None else 0.0)
+                                          alpha if self.image_encoder_m is not None else 0.0, h.itc_negatives)
         if weights["itm"]:
             losses["itm"] = self._itm_loss(image_states, text_states, mask, image_feat, text_feat, idx)
         if weights["mlm"]:

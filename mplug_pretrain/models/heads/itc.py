@@ -13,7 +13,8 @@ Only the filled part of the queues takes part (no random placeholder negatives b
 the unfilled columns are masked out of the softmax, so the shapes never depend on the fill (no host sync).
 ``enqueue`` writes a batch at ``queue_ptr`` with wrap-around; a batch need not divide Q (a batch larger
 than Q keeps its last Q rows); pointer and count stay on the device. Under torch.distributed the features of
-all ranks are gathered first.
+all ranks are gathered first. In-batch negatives are the rank's own batch (ALBEF / mPLUG), or with
+``heads.itc_negatives: global`` every rank's batch (the momentum keys gathered; open_clip's local loss).
 Precision: features, similarities, softmaxes and the loss are fp32 (an fp32 island inside a bf16 autocast
 forward, utils/precision.py); the queues are fp32 buffers.
 """
@@ -65,26 +66,40 @@ class ImageTextContrastive(nn.Module):
         self.temp.clamp_(*TEMPERATURE_RANGE)
 
     def loss(self, image_feat: torch.Tensor, text_feat: torch.Tensor, image_feat_m: torch.Tensor,
-             text_feat_m: torch.Tensor, idx: torch.Tensor | None = None, alpha: float = 0.0) -> torch.Tensor:
-        """L_itc of the module docstring; inputs [B, E] (L2-normalized), idx [B] long (>= 0) or None."""
+             text_feat_m: torch.Tensor, idx: torch.Tensor | None = None, alpha: float = 0.0,
+             negatives: str = "rank") -> torch.Tensor:
+        """L_itc of the module docstring; inputs [B, E] (L2-normalized), idx [B] long (>= 0) or None.
+        ``negatives="global"``: the key columns are every rank's momentum features (gathered, in rank order), so
+        each rank's queries see the global batch as in one process; the gradient flows through the local query
+        rows only, as it does in one process (the keys are momentum features, or detached online ones)."""
         b = image_feat.shape[0]
         if idx is not None:
             if idx.shape != (b,):
                 raise ValueError(f"image_id must be [B] = [{b}] non-negative ids, got shape {tuple(idx.shape)}")
             check_on_device((idx >= 0).all(), f"image_id must be [B] = [{b}] non-negative ids")
+        if negatives not in ("rank", "global"):
+            raise ValueError(f"negatives: 'rank' or 'global', got {negatives!r}")
         device = image_feat.device
         q = self.queue_size
+        keys_image, keys_text, keys_idx, offset = image_feat_m, text_feat_m, idx, 0
+        if negatives == "global" and process_group.world_size() > 1:
+            sizes = _rank_row_counts(b, device)
+            offset = sum(sizes[:process_group.rank()])
+            keys_image, keys_text = (_gather_rows(t.detach().float(), sizes) for t in (image_feat_m, text_feat_m))
+            keys_idx = None if idx is None else _gather_rows(idx, sizes)
+        n = keys_image.shape[0]
         with fp32_island(device):
-            filled = torch.cat([torch.ones(b, dtype=torch.bool, device=device),
-                                torch.arange(q, device=device) < self.queue_count])  # [B + Q] columns in use
-            image_all = torch.cat([image_feat_m.float().t(), self.image_queue.float()], dim=1)
-            text_all = torch.cat([text_feat_m.float().t(), self.text_queue.float()], dim=1)
+            filled = torch.cat([torch.ones(n, dtype=torch.bool, device=device),
+                                torch.arange(q, device=device) < self.queue_count])  # [N + Q] columns in use
+            image_all = torch.cat([keys_image.float().t(), self.image_queue.float()], dim=1)
+            text_all = torch.cat([keys_text.float().t(), self.text_queue.float()], dim=1)
             with torch.no_grad():
                 if idx is None:
-                    pos = torch.zeros(b, b + q, device=device)
-                    pos[:, :b] = torch.eye(b, device=device)
+                    pos = torch.zeros(b, n + q, device=device)
+                    rows = torch.arange(b, device=device)
+                    pos[rows, offset + rows] = 1.0
                 else:
-                    idx_all = torch.cat([idx, self.idx_queue])
+                    idx_all = torch.cat([keys_idx, self.idx_queue])
                     pos = ((idx[:, None] == idx_all[None, :]) & filled).float()
                 targets = pos / pos.sum(1, keepdim=True)
                 if alpha > 0:
