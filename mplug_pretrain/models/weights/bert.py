@@ -84,7 +84,9 @@ def read_bert_checkpoint(path: str) -> tuple[dict[str, torch.Tensor], dict]:
         from safetensors.torch import load_file
         sd = load_file(weights)
     elif os.path.isfile(os.path.join(path, "pytorch_model.bin")):
-        sd = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        from mplug_pretrain.models.weights.weights_file import read_weights_file, tensors_only
+        bin_file = os.path.join(path, "pytorch_model.bin")
+        sd = tensors_only(read_weights_file(bin_file, "bert_checkpoint"), bin_file)
     else:
         raise FileNotFoundError(f"{path}: neither model.safetensors nor pytorch_model.bin")
     return {k.removeprefix("bert."): v for k, v in sd.items()}, config
