@@ -22,7 +22,7 @@ from mplug_pretrain.train.checkpoint import saved_run_config, saved_world_size
 HARMLESS = (
     "run.log_every", "run.checkpoint_every_steps", "run.checkpoint_every_minutes", "run.keep_last",
     "run.tensorboard", "run.output_dir", "run.name", "run.max_nonfinite_in_row", "run.inject_nonfinite_at_steps",
-    "run.cpu_peak_flops", "run.compile", "run.overwrite", "run.allow_config_change", "run.deterministic",
+    "run.cpu_peak_flops", "run.compile", "run.overwrite", "run.discard_newer", "run.allow_config_change", "run.deterministic",
     "distributed.timeout_minutes", "distributed.backend", "model.grad_checkpointing",
     # files that only initialise weights: the checkpoint holds every weight (a different architecture still
     # differs in model.* sizes, and the strict load names any key that does not fit)

@@ -188,13 +188,20 @@ def _prepare(cfg: Config, task: TrainTask, resume: str | None, info, lock: RunFo
     rank, world = info.rank, info.world_size
     run_dir = cfg.run_dir
     ckpt_dir = os.path.join(run_dir, "checkpoints")
+    ckpt.refuse_symlinked(ckpt_dir)
     tag, warnings = ckpt.resolve_resume(resume, ckpt_dir)
+    newer = []
     if tag is not None:
         check_resume_config(cfg, ckpt_dir, tag, world)
         ckpt.refuse_unsafe_tag(os.path.join(ckpt_dir, tag))  # a copied run folder may hold a pickle that runs code
+        newer = ckpt.check_newer_tags(ckpt_dir, tag, cfg.run.discard_newer)
     if rank == 0:
         for warning in warnings:
             print(warning, flush=True)
+        if newer:
+            gone = ckpt.discard_newer(ckpt_dir, tag)
+            print(f"[train] run.discard_newer: deleted {', '.join(gone) or 'none'} (newer than {tag}); kept "
+                  f"{', '.join(sorted(set(newer) - set(gone))) or 'none'} (not written by this run)", flush=True)
         os.makedirs(ckpt_dir, exist_ok=True)
         marker = os.path.join(run_dir, PREEMPTED_MARKER)
         if os.path.exists(marker):
