@@ -32,7 +32,7 @@ from mplug_pretrain.data.reading.decode_stats import DecodeStats, sum_over_ranks
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.train import checkpoint as ckpt
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.config_change import check_resume_config
+from mplug_pretrain.train.config_change import batch_size_change_note, check_resume_config, saved_batch_size
 from mplug_pretrain.train.distributed import init_distributed
 from mplug_pretrain.train.engine import after_optimizer_step, build_engine, engine_precision, save_final_model
 from mplug_pretrain.train.flops import current_peak_flops, mfu
@@ -246,6 +246,10 @@ def _resume(run: _Run) -> None:
         fallback = f" (the newer tag(s) were damaged: {len(run.resume_warnings)} skipped)" if run.resume_warnings else ""
         run.log.event(f"[train] resumed from {tag}: step {s.global_step}, samples {s.samples_seen}, "
                       f"epoch {s.epoch} batch {s.batch_in_epoch}{fallback}")
+        note = batch_size_change_note(saved_batch_size(run.ckpt_dir, tag), cfg.data.batch_size, s.epoch,
+                                      s.batch_in_epoch, run.world)
+        if note:
+            run.log.event(note)
     run.nan_steps = set(cfg.run.inject_nonfinite_at_steps)
     run.last_ckpt_time = time.time()
 
