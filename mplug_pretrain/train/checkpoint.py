@@ -138,7 +138,7 @@ def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_
             _write_tag_configs(engine, tag_dir, run_config)
     except (OSError, RuntimeError) as err:
         raise _write_failed(ckpt_dir, tag, err) from err
-    barrier()
+    _barrier_while_saving(ckpt_dir, tag)
     if rank == 0:
         try:
             _write_marker(tag_dir, state.global_step, world_size, task)
@@ -147,8 +147,25 @@ def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_
         _write_latest(ckpt_dir, tag)
         _record(ckpt_dir, tag, "complete")
         _prune(ckpt_dir, keep_last)
-    barrier()
+    _barrier_while_saving(ckpt_dir, tag)
     return tag
+
+
+def _barrier_while_saving(ckpt_dir: str, tag: str) -> None:
+    """The barrier after a rank's writes: when another rank failed writing (and so left the group), this rank
+    names the checkpoint and the disk's free space rather than the transport's "Connection closed by peer"."""
+    try:
+        barrier()
+    except RuntimeError as err:
+        if isinstance(err, DataError):
+            raise
+        free = shutil.disk_usage(ckpt_dir).free
+        full = free < 16 * 2**20
+        raise CheckpointError(
+            f"{ckpt_dir}: another rank stopped while checkpoint {tag} was being written"
+            f"{': the disk is full' if full else ''} ({_mb(free)} free there; its own error, printed above, says "
+            "why). `latest` still names the previous complete tag: free space if needed, then continue with "
+            "--resume latest") from err
 
 
 def _write_tag_configs(engine, tag_dir: str, run_config: str | None) -> None:
@@ -288,11 +305,14 @@ def _prune(ckpt_dir: str, keep_last: int) -> None:
 
 
 def newer_complete_tags(ckpt_dir: str, tag: str) -> list[str]:
-    """Complete tags with a higher step than ``tag`` (a resume from ``tag`` would overwrite or prune them)."""
+    """This run's complete tags with a higher step than ``tag`` (a resume from ``tag`` would overwrite or prune
+    them; a folder the run did not write is never touched, and a save onto it is refused)."""
     step = int(_TAG.match(tag).group(1)) if _TAG.match(tag) else None
     if step is None or not os.path.isdir(ckpt_dir):
         return []
-    return [name for other, name in _steps_and_tags(ckpt_dir) if other > step and tag_problem(ckpt_dir, name) is None]
+    ledger = read_ledger(ckpt_dir)
+    return [name for other, name in _steps_and_tags(ckpt_dir) if other > step and name in ledger
+            and not os.path.islink(os.path.join(ckpt_dir, name)) and tag_problem(ckpt_dir, name) is None]
 
 
 def check_newer_tags(ckpt_dir: str, tag: str, discard: bool) -> list[str]:
@@ -309,14 +329,10 @@ def check_newer_tags(ckpt_dir: str, tag: str, discard: bool) -> list[str]:
 
 def discard_newer(ckpt_dir: str, tag: str) -> list[str]:
     """Rank 0, ``run.discard_newer=true``: delete this run's complete tags newer than ``tag``; -> their names."""
-    ledger = read_ledger(ckpt_dir)
-    gone = []
-    for name in newer_complete_tags(ckpt_dir, tag):
-        path = os.path.join(ckpt_dir, name)
-        if name in ledger and not os.path.islink(path):
-            shutil.rmtree(path)
-            _record(ckpt_dir, name, None)
-            gone.append(name)
+    gone = newer_complete_tags(ckpt_dir, tag)
+    for name in gone:
+        shutil.rmtree(os.path.join(ckpt_dir, name))
+        _record(ckpt_dir, name, None)
     name_latest(ckpt_dir, tag)
     return gone
 

@@ -33,7 +33,7 @@ from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.train import checkpoint as ckpt
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.config_change import batch_size_change_note, check_resume_config, saved_batch_size
-from mplug_pretrain.train.distributed import init_distributed
+from mplug_pretrain.train.distributed import init_distributed, naming_peer_failures
 from mplug_pretrain.train.engine import after_optimizer_step, build_engine, engine_precision, save_final_model
 from mplug_pretrain.train.flops import current_peak_flops, mfu
 from mplug_pretrain.train.run_folder import RunFolderLock, claim_run_folder
@@ -199,9 +199,8 @@ def _prepare(cfg: Config, task: TrainTask, resume: str | None, info, lock: RunFo
         for warning in warnings:
             print(warning, flush=True)
         if newer:
-            gone = ckpt.discard_newer(ckpt_dir, tag)
-            print(f"[train] run.discard_newer: deleted {', '.join(gone) or 'none'} (newer than {tag}); kept "
-                  f"{', '.join(sorted(set(newer) - set(gone))) or 'none'} (not written by this run)", flush=True)
+            print(f"[train] run.discard_newer: deleted {', '.join(ckpt.discard_newer(ckpt_dir, tag))} (newer than "
+                  f"{tag})", flush=True)
         os.makedirs(ckpt_dir, exist_ok=True)
         marker = os.path.join(run_dir, PREEMPTED_MARKER)
         if os.path.exists(marker):
@@ -408,11 +407,12 @@ def _finish(run: _Run, loader) -> dict:
 
 def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dict:
     """Train until ``optim.max_steps`` optimizer steps (or a stop signal). Returns a summary."""
-    run = _setup(cfg, task, resume)
-    _resume(run)
-    loader = None  # stays None when a resumed run had already finished
-    while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
-        loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
-        if not _train_epoch(run, loader):
-            break
-    return _finish(run, loader)
+    with naming_peer_failures(cfg.distributed.timeout_minutes):  # a frozen or failed rank: named, not a gloo trace
+        run = _setup(cfg, task, resume)
+        _resume(run)
+        loader = None  # stays None when a resumed run had already finished
+        while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
+            loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
+            if not _train_epoch(run, loader):
+                break
+        return _finish(run, loader)
