@@ -136,7 +136,7 @@ def _collect(obj, prefix: str, out: dict[str, torch.Tensor], seen: set[int]) -> 
     if id(obj) in seen:
         return
     if isinstance(obj, torch.Tensor):
-        out.setdefault(prefix, obj)
+        out.setdefault(prefix, obj.detach())  # detached: no hook the pickle may have attached comes along
         return
     seen.add(id(obj))
     if isinstance(obj, ScriptObject):
@@ -161,9 +161,9 @@ def read_torchscript_state_dict(path: str) -> dict[str, torch.Tensor]:
                 name = f"{root}data/{key}"
                 if name not in names:
                     raise DataError(f"{path}: data.pkl names storage {key!r}, the archive has no {name}")
-                return zf.read(name)
+                return _stored(zf, name, path)
 
-            unpickler = _DataOnlyUnpickler(zf.read(f"{root}data.pkl"), path, record)
+            unpickler = _DataOnlyUnpickler(_stored(zf, f"{root}data.pkl", path), path, record)
             try:
                 tree = unpickler.load()
             except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError) as err:
@@ -171,5 +171,16 @@ def read_torchscript_state_dict(path: str) -> dict[str, torch.Tensor]:
     except zipfile.BadZipFile as err:
         raise DataError(f"{path}: not a readable zip archive ({err})") from None
     state: dict[str, torch.Tensor] = {}
-    _collect(tree, "", state, set())
+    try:
+        _collect(tree, "", state, set())
+    except RecursionError:
+        raise DataError(f"{path}: data.pkl nests deeper than any module tree") from None
     return state
+
+
+def _stored(zf: zipfile.ZipFile, name: str, path: str) -> bytes:
+    """A record's bytes; torch.jit.save stores records uncompressed, so a compressed one (a possible zip bomb:
+    gigabytes from a few kilobytes) is refused before it is inflated."""
+    if zf.getinfo(name).compress_type != zipfile.ZIP_STORED:
+        raise DataError(f"{path}: {name} is compressed; torch.jit.save writes stored records only")
+    return zf.read(name)

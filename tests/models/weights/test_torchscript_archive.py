@@ -97,6 +97,16 @@ def test_archive_naming_another_global_is_refused(tmp_path):
     assert not marker.exists()
 
 
+def test_a_compressed_record_is_refused_before_inflating(tmp_path):
+    path = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("bomb/data.pkl", pickle.dumps({}, protocol=2))
+        zf.writestr("bomb/constants.pkl", pickle.dumps((), protocol=2))
+        zf.writestr("bomb/data/0", bytes(2**20))  # 1 MiB of zeros in ~1 KB: the pattern of a zip bomb
+    with pytest.raises(RuntimeError, match=r"bomb\.pt: bomb/data\.pkl is compressed"):
+        read_torchscript_state_dict(str(path))
+
+
 def test_damaged_archive_names_the_file(tmp_path):
     path = str(tmp_path / "cut.pt")
     torch.jit.script(torch.nn.Linear(2, 2)).save(path)
