@@ -66,7 +66,6 @@ def exit_code(failures: dict) -> int:
 
 
 def main(argv: list[str]) -> int:
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGINT,SIGHUP,SIGQUIT"  # SIGTERM is ours (above)
     for sig in FORWARDED:
         signal.signal(sig, _forward)
     # torchrun's own report of a failed rank is a log line per rank and a traceback of its launcher: the rank's
@@ -75,7 +74,7 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
     try:
-        torchrun(argv)
+        torchrun(["--signals_to_handle", "SIGINT,SIGHUP,SIGQUIT", *argv])  # SIGTERM stays ours (above)
     except ChildFailedError as err:
         code = exit_code(err.failures)
         ranks = ", ".join(str(rank) for rank in sorted(err.failures))
