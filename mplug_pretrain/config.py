@@ -99,6 +99,7 @@ class RunConfig:
     allow_random_init: bool = False  # pretrain a base/large model without CLIP/BERT weights on purpose
     cpu_peak_flops: float | None = None  # FLOP/s to compute MFU against on CPU (None: no MFU on CPU)
     overwrite: bool = False  # replace a previous run in this folder (without it, a run folder is refused unless resumed)
+    discard_newer: bool = False  # --resume <older tag>: delete this run's newer complete tags (else refused)
     # fields a resumed run may change from its checkpoint's config (dotted names or sections, e.g. optim.max_steps);
     # logging, checkpoint cadence and paths may always change (train/config_change.py)
     allow_config_change: list[str] = field(default_factory=list)

@@ -13,3 +13,8 @@ class DataError(RuntimeError):
 
     Single corrupt samples are never raised: they are skipped and counted.
     """
+
+
+class PeerRankError(RuntimeError):
+    """Another rank froze or ended while this one waited for it; the message names the setting
+    (``distributed.timeout_minutes``) or what the other rank was doing (``mplug: distributed error: ...``, exit 5)."""

@@ -40,12 +40,13 @@ def test_non_str_fields_still_refuse_text():
 
 def test_checkpoints_kept_by_default(tmp_path):
     """Run folders grew by a full checkpoint every save (tiny: 173 MB); two are kept unless asked otherwise."""
-    from mplug_pretrain.train.checkpoint import _prune, _write_latest, tag_for
+    from mplug_pretrain.train.checkpoint import _prune, _record, _write_latest, tag_for
     keep = Config().run.keep_last
     assert keep == 2
     for step in (10, 20, 30, 40):
         os.makedirs(tmp_path / tag_for(step))
         _write_latest(str(tmp_path), tag_for(step))
+        _record(str(tmp_path), tag_for(step), "complete")  # as save_checkpoint records the run's own tags
         _prune(str(tmp_path), keep)
     assert sorted(d for d in os.listdir(tmp_path) if d.startswith("step")) == [tag_for(30), tag_for(40)]
 

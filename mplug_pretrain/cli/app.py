@@ -19,7 +19,7 @@ from mplug_pretrain.cli.commands import (
 )
 from mplug_pretrain.cli.parsing import IntermixedParser
 from mplug_pretrain.cli.registry import MissingDependencyError, missing_dependency
-from mplug_pretrain.errors import ConfigError, DataError
+from mplug_pretrain.errors import ConfigError, DataError, PeerRankError
 
 COMMANDS = {  # command -> the function adding its parser to the `mplug` subparsers, in help order
     "demo": demo.register,
@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as err:
         print(f"mplug: data error: {err}", file=sys.stderr)
         return 3
+    except PeerRankError as err:
+        print(f"mplug: distributed error: {err}", file=sys.stderr)
+        return 5
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as err:  # a path given on the command line
         print(f"mplug: {err}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ including both, padded with 0 to the longest sequence of the batch.
 """
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -14,6 +15,10 @@ from transformers import BertTokenizerFast
 
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.utils.atomic_files import atomic_write
+
+JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# the ids the model's heads and decoders assume (models/decoders/api.py, models/heads/mlm.py)
+SPECIAL_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
 
 
 def default_vocab_path() -> str:
@@ -32,7 +37,32 @@ def load_tokenizer(path: str | None = None) -> BertTokenizerFast:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not os.path.isfile(os.path.join(path, "vocab.txt")):
         raise ConfigError(f"data.tokenizer: {path} holds no vocab.txt")
-    return BertTokenizerFast.from_pretrained(path, do_lower_case=True)
+    for name in JSON_FILES:  # transformers' own error for these names neither the file nor the line
+        _check_json(os.path.join(path, name))
+    tokenizer = BertTokenizerFast.from_pretrained(path, do_lower_case=True)
+    _check_special_ids(tokenizer, os.path.join(path, "vocab.txt"))
+    return tokenizer
+
+
+def _check_json(path: str) -> None:
+    if not os.path.isfile(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            json.load(f)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError(f"data.tokenizer: {path}: not valid JSON ({err})") from None
+
+
+def _check_special_ids(tokenizer, vocab_file: str) -> None:
+    """The special tokens at the ids the model assumes, else ConfigError naming the file and what is missing."""
+    vocab = tokenizer.get_vocab()
+    wrong = [f"{token} (id {vocab[token]}, expected {expected})" if token in vocab else f"{token} (absent)"
+             for token, expected in SPECIAL_IDS.items() if vocab.get(token) != expected]
+    if wrong:
+        raise ConfigError(f"data.tokenizer: {vocab_file}: {len(vocab)} entries, not a bert-base-uncased layout: "
+                          f"{', '.join(wrong)}; the model's heads and decoders use these ids (a BERT uncased "
+                          "vocab.txt has them)")
 
 
 def tokenize(tokenizer, texts: list[str], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:

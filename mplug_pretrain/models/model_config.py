@@ -123,6 +123,19 @@ POSITIVE_FIELDS = {
     "heads": ("embed_dim", "temperature", "queue_size"),
 }
 
+# upper bounds, checked before anything is allocated: a config.json asking for width 10^9 once tried to allocate
+# 512 GB. Each is several times the largest released model of its kind (ViT-22B: width 6144, ffn 24576, 48
+# layers; XLM-R: vocab 250k).
+MAX_SIZES = {
+    "vision": {"image_size": 4096, "patch_size": 512, "width": 16384, "layers": 256, "heads": 256, "mlp_ratio": 16},
+    "text": {"vocab_size": 2_000_000, "width": 16384, "heads": 256, "ffn_dim": 65536, "encoder_layers": 256,
+             "max_positions": 65536},
+    "fusion": {"layers": 256, "stride": 256},
+    "decoder": {"layers": 256, "heads": 256, "ffn_dim": 65536, "max_positions": 65536, "expansion_slots": 4096},
+    "refiner": {"layers": 256, "expansion_slots": 4096},
+    "heads": {"embed_dim": 16384, "queue_size": 4_194_304, "classifier_classes": 1_000_000, "classifier_images": 16},
+}
+
 
 @dataclass
 class ModelConfig:
@@ -145,6 +158,12 @@ class ModelConfig:
             for name in names:
                 check_positive(getattr(getattr(self, section), name), f"{prefix}.{section}.{name}")
         check_positive(t.encoder_layers, f"{prefix}.text.encoder_layers", allow_zero=True)
+        for section, limits in MAX_SIZES.items():
+            for name, limit in limits.items():
+                value = getattr(getattr(self, section), name)
+                if value > limit:
+                    raise ConfigError(f"{prefix}.{section}.{name}: {value} is above the largest accepted, {limit} "
+                                      "(a damaged or hostile config; nothing was allocated)")
         from mplug_pretrain.models.towers.external import parse_backbone
         if parse_backbone(v.backbone)[0] == "clip_vit" and v.image_size % v.patch_size:
             raise ConfigError(f"{prefix}.vision.image_size: {v.image_size} is not a multiple of "

@@ -7,7 +7,10 @@ samples seen, data position, LR schedule position, RNG states of python/numpy/to
 ``complete.json``: the completeness marker (step, world size, the size of every file of the tag).
 ``<run>/checkpoints/latest`` names the newest complete tag: it is written after the marker,
 atomically (utils/atomic_files.py), so a write killed half-way leaves the previous ``latest`` loadable.
-The last ``keep_last`` tags are kept.
+``<run>/checkpoints/ledger.json`` is the run's own record of the tags it wrote (``started``, then ``complete``).
+Pruning keeps the last ``keep_last`` complete tags and deletes only tags the ledger names, never through a
+symlink: a user's ``step1/``, a copied tag and any folder of another run stay. A save whose tag folder exists and
+is not the run's own is refused, and a symlinked ``checkpoints/`` is refused at start (``refuse_symlinked``).
 
 Resume (``resolve_resume``) checks the tag against its marker before anything is loaded; a damaged newest
 tag (a file deleted or truncated, the marker missing) is skipped with a warning for the newest complete one.
@@ -46,6 +49,7 @@ LATEST = "latest"
 COMPLETE = "complete.json"  # the completeness marker, written last in each tag
 MODEL_CONFIG = "model_config.json"  # the trained module's architecture (export builds it)
 RUN_CONFIG = "config.yaml"  # the run config in effect when the tag was written
+LEDGER = "ledger.json"  # {tag: "started" | "complete"}: the tags this run wrote, the only ones pruning deletes
 _TAG = re.compile(r"^step(\d+)$")
 
 
@@ -116,8 +120,12 @@ def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_
     the task's name, kept in the marker. Returns the tag written."""
     tag = tag_for(state.global_step)
     tag_dir = os.path.join(ckpt_dir, tag)
-    if rank == 0 and os.path.isdir(tag_dir) and tag != read_latest(ckpt_dir):
-        shutil.rmtree(tag_dir)  # left by an attempt killed while saving, or damaged: never mix two writes
+    if os.path.lexists(tag_dir) and tag != read_latest(ckpt_dir):
+        refuse_foreign(ckpt_dir, tag)  # every rank: they all stop, none waits at the barrier
+        if rank == 0:
+            shutil.rmtree(tag_dir)  # left by an attempt killed while saving, or damaged: never mix two writes
+    if rank == 0:
+        _record(ckpt_dir, tag, "started")
     barrier()
     try:
         engine.save_checkpoint(ckpt_dir, tag=tag, save_latest=False)
@@ -130,16 +138,34 @@ def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_
             _write_tag_configs(engine, tag_dir, run_config)
     except (OSError, RuntimeError) as err:
         raise _write_failed(ckpt_dir, tag, err) from err
-    barrier()
+    _barrier_while_saving(ckpt_dir, tag)
     if rank == 0:
         try:
             _write_marker(tag_dir, state.global_step, world_size, task)
         except OSError as err:
             raise _write_failed(ckpt_dir, tag, err) from err
         _write_latest(ckpt_dir, tag)
+        _record(ckpt_dir, tag, "complete")
         _prune(ckpt_dir, keep_last)
-    barrier()
+    _barrier_while_saving(ckpt_dir, tag)
     return tag
+
+
+def _barrier_while_saving(ckpt_dir: str, tag: str) -> None:
+    """The barrier after a rank's writes: when another rank failed writing (and so left the group), this rank
+    names the checkpoint and the disk's free space rather than the transport's "Connection closed by peer"."""
+    try:
+        barrier()
+    except RuntimeError as err:
+        if isinstance(err, DataError):
+            raise
+        free = shutil.disk_usage(ckpt_dir).free
+        full = free < 16 * 2**20
+        raise CheckpointError(
+            f"{ckpt_dir}: another rank stopped while checkpoint {tag} was being written"
+            f"{': the disk is full' if full else ''} ({_mb(free)} free there; its own error, printed above, says "
+            "why). `latest` still names the previous complete tag: free space if needed, then continue with "
+            "--resume latest") from err
 
 
 def _write_tag_configs(engine, tag_dir: str, run_config: str | None) -> None:
@@ -219,15 +245,96 @@ def _steps_and_tags(ckpt_dir: str) -> list[tuple[int, str]]:
     return sorted((int(m.group(1)), name) for name in os.listdir(ckpt_dir) if (m := _TAG.match(name)))
 
 
+def read_ledger(ckpt_dir: str) -> dict[str, str]:
+    """{tag: "started" | "complete"} of the tags this run wrote ({} when none, or the file is not ours)."""
+    try:
+        with open(os.path.join(ckpt_dir, LEDGER)) as f:
+            ledger = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    tags = ledger.get("tags") if isinstance(ledger, dict) else None
+    return {k: v for k, v in tags.items() if _TAG.match(k) and v in ("started", "complete")} \
+        if isinstance(tags, dict) else {}
+
+
+def _record(ckpt_dir: str, tag: str, status: str | None) -> None:
+    """Rank 0: note ``tag`` as started / complete in the ledger, or (None) drop it."""
+    tags = read_ledger(ckpt_dir)
+    if status is None:
+        tags.pop(tag, None)
+    else:
+        tags[tag] = status
+    write_json_atomic(os.path.join(ckpt_dir, LEDGER), {"tags": dict(sorted(tags.items()))}, sort_keys=True)
+
+
+def refuse_foreign(ckpt_dir: str, tag: str) -> None:
+    """CheckpointError when ``checkpoints/<tag>`` exists but this run did not write it (a user's folder, a copy
+    from another run, a symlink): it is never deleted or written into."""
+    path = os.path.join(ckpt_dir, tag)
+    if os.path.islink(path) or tag not in read_ledger(ckpt_dir):
+        raise CheckpointError(f"{path}: exists and was not written by this run ({os.path.join(ckpt_dir, LEDGER)} "
+                              "does not name it); the checkpoint of this step would replace it. Move it out of "
+                              "checkpoints/, then continue with --resume latest")
+
+
+def refuse_symlinked(ckpt_dir: str) -> None:
+    """A symlinked checkpoints/ folder is refused: pruning deletes there, and the target may be shared."""
+    if os.path.islink(ckpt_dir):
+        raise CheckpointError(f"{ckpt_dir}: a symlink (to {os.path.realpath(ckpt_dir)}); checkpoints are pruned in "
+                              "this folder, so it must be the run's own. Point run.output_dir at the other storage "
+                              "instead")
+
+
 def _prune(ckpt_dir: str, keep_last: int) -> None:
-    """Keep the newest ``keep_last`` complete tags; drop older ones and half-written newer ones."""
+    """Keep the newest ``keep_last`` complete tags; drop older ones and half-written ones, of those the ledger
+    names only (real folders, never through a symlink). Everything else in the folder stays."""
     latest = read_latest(ckpt_dir)
     latest_step = int(_TAG.match(latest).group(1)) if latest else -1
-    tags = _steps_and_tags(ckpt_dir)
-    complete = [name for step, name in tags if step <= latest_step]
-    stale = [name for step, name in tags if step > latest_step]  # an earlier attempt killed while saving
+    ledger = read_ledger(ckpt_dir)
+    ours = [(step, name) for step, name in _steps_and_tags(ckpt_dir) if name in ledger
+            and os.path.isdir(os.path.join(ckpt_dir, name)) and not os.path.islink(os.path.join(ckpt_dir, name))]
+    # complete: recorded so, or its marker checks (killed between writing `latest` and the ledger)
+    done = {name for _, name in ours if ledger[name] == "complete" or tag_problem(ckpt_dir, name) is None}
+    complete = [name for step, name in ours if step <= latest_step and name in done]
+    # half-written (an attempt killed while saving) or newer than `latest` (damaged, skipped by a resume)
+    stale = [name for step, name in ours if name != latest and (step > latest_step or name not in done)]
     for name in complete[:-keep_last] + stale:
         shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
+        if not os.path.exists(os.path.join(ckpt_dir, name)):
+            _record(ckpt_dir, name, None)
+
+
+def newer_complete_tags(ckpt_dir: str, tag: str) -> list[str]:
+    """This run's complete tags with a higher step than ``tag`` (a resume from ``tag`` would overwrite or prune
+    them; a folder the run did not write is never touched, and a save onto it is refused)."""
+    step = int(_TAG.match(tag).group(1)) if _TAG.match(tag) else None
+    if step is None or not os.path.isdir(ckpt_dir):
+        return []
+    ledger = read_ledger(ckpt_dir)
+    return [name for other, name in _steps_and_tags(ckpt_dir) if other > step and name in ledger
+            and not os.path.islink(os.path.join(ckpt_dir, name)) and tag_problem(ckpt_dir, name) is None]
+
+
+def check_newer_tags(ckpt_dir: str, tag: str, discard: bool) -> list[str]:
+    """Resuming from ``tag`` while newer complete tags exist: refused (they hold later work the resumed run would
+    replace) unless ``discard`` (run.discard_newer=true); -> the newer tags."""
+    newer = newer_complete_tags(ckpt_dir, tag)
+    if newer and not discard:
+        raise CheckpointError(f"{os.path.join(ckpt_dir, tag)}: {', '.join(newer)} {'is' if len(newer) == 1 else 'are'} "
+                              f"newer and complete; resuming from {tag} would replace that work. Resume with --resume "
+                              "latest, or add run.discard_newer=true to delete the newer tag(s) of this run and go on "
+                              f"from {tag} (copy the run folder first to keep both)")
+    return newer
+
+
+def discard_newer(ckpt_dir: str, tag: str) -> list[str]:
+    """Rank 0, ``run.discard_newer=true``: delete this run's complete tags newer than ``tag``; -> their names."""
+    gone = newer_complete_tags(ckpt_dir, tag)
+    for name in gone:
+        shutil.rmtree(os.path.join(ckpt_dir, name))
+        _record(ckpt_dir, name, None)
+    name_latest(ckpt_dir, tag)
+    return gone
 
 
 # ----------------------------------------------------------------------------------------------- resume

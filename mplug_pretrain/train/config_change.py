@@ -22,7 +22,7 @@ from mplug_pretrain.train.checkpoint import saved_run_config, saved_world_size
 HARMLESS = (
     "run.log_every", "run.checkpoint_every_steps", "run.checkpoint_every_minutes", "run.keep_last",
     "run.tensorboard", "run.output_dir", "run.name", "run.max_nonfinite_in_row", "run.inject_nonfinite_at_steps",
-    "run.cpu_peak_flops", "run.compile", "run.overwrite", "run.allow_config_change", "run.deterministic",
+    "run.cpu_peak_flops", "run.compile", "run.overwrite", "run.discard_newer", "run.allow_config_change", "run.deterministic",
     "distributed.timeout_minutes", "distributed.backend", "model.grad_checkpointing",
     # files that only initialise weights: the checkpoint holds every weight (a different architecture still
     # differs in model.* sizes, and the strict load names any key that does not fit)
@@ -92,3 +92,30 @@ def check_resume_config(cfg: Config, ckpt_dir: str, tag: str, world: int) -> Non
             "these changes would not continue the same run (skipped or repeated samples, a re-stretched LR "
             "schedule, or weights that do not fit); use the saved values, start a new run (another run.name), "
             f"or accept the change with run.allow_config_change=[{names}]")
+
+
+def saved_batch_size(ckpt_dir: str, tag: str) -> int | None:
+    """data.batch_size of the config ``tag`` was written under (None when unknown)."""
+    saved_config = saved_run_config(ckpt_dir, tag)
+    if saved_config is None:
+        return None
+    with open(saved_config) as f:
+        value = ((yaml.safe_load(f) or {}).get("data") or {}).get("batch_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def batch_size_change_note(saved: int | None, new: int, epoch: int, batch_in_epoch: int, world: int) -> str | None:
+    """What an accepted data.batch_size change does to the resumed epoch (None when nothing changes).
+
+    The data position is kept in batches (``batch_in_epoch`` of this epoch consumed per rank): the resumed run
+    starts its epoch at that batch of the new size, i.e. at sample ``batch_in_epoch * new`` of each rank's share
+    instead of ``batch_in_epoch * saved``. A larger batch skips the samples between, a smaller one repeats them;
+    the next epochs see every sample once."""
+    if saved is None or saved == new or batch_in_epoch == 0:
+        return None
+    per_rank = batch_in_epoch * abs(new - saved)
+    effect = "will not be seen in it" if new > saved else "will be seen twice in it"
+    return (f"[train] data.batch_size changed {saved} -> {new} (run.allow_config_change): epoch {epoch} resumes at "
+            f"batch {batch_in_epoch} of the new size, sample {batch_in_epoch * new} of each rank's share instead of "
+            f"{batch_in_epoch * saved}: {per_rank * world} samples of this epoch ({per_rank} per rank x {world} "
+            f"rank(s)) {effect}; the next epochs see every sample once")

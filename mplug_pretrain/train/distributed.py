@@ -23,6 +23,7 @@ stale, so torch's wait on it ends.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import glob
 import os
@@ -31,7 +32,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+
+from mplug_pretrain.errors import DataError, PeerRankError
 
 STALE_LOCK_MINUTES = 5.0  # a JIT build writes its folder every few seconds; a lock this quiet was left by a kill
 
@@ -211,3 +215,37 @@ def shutdown_distributed() -> None:
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+# what torch.distributed's backends say when the other side of a collective is gone or silent
+PEER_ENDED = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+PEER_SILENT = ("Timed out", "timed out", "Timeout", "timeout")
+
+
+def peer_failure(err: BaseException, timeout_minutes: float, rank: int) -> PeerRankError | None:
+    """The error a user can act on for a collective that failed because of another rank, else None."""
+    if isinstance(err, DataError) or not isinstance(err, RuntimeError):
+        return None  # our own errors already name their file or setting
+    text = str(err)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(err).__name__)
+    if any(word in text for word in PEER_ENDED):
+        return PeerRankError(f"rank {rank}: another rank ended while this one waited for it ({first[:200]}); its "
+                             "own error, printed above, says why (a full disk, a bad sample, out of memory)")
+    if any(word in text for word in PEER_SILENT):
+        return PeerRankError(f"rank {rank}: no answer from another rank within distributed.timeout_minutes="
+                             f"{timeout_minutes:g} ({first[:200]}): a rank froze (a hung file system, a deadlocked "
+                             "data worker) or was stopped; raise distributed.timeout_minutes if a step or a "
+                             "checkpoint legitimately takes longer")
+    return None
+
+
+@contextlib.contextmanager
+def naming_peer_failures(timeout_minutes: float) -> Iterator[None]:
+    """A collective that fails because another rank froze or ended raises PeerRankError (see peer_failure)."""
+    try:
+        yield
+    except RuntimeError as err:
+        failure = peer_failure(err, timeout_minutes, int(os.environ.get("RANK", "0")))
+        if failure is None:
+            raise
+        raise failure from err

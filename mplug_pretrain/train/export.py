@@ -98,12 +98,12 @@ def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
 def _model(run_dir: str, tag_dir: str, cfg: Config):
     """The trained module's architecture: the tag's model_config.json, else (tags written before it existed) a
     finished run's model/config.json, else the run config's model section."""
-    from mplug_pretrain.models.folder.config_io import read_model_config
+    from mplug_pretrain.models.folder.config_io import read_model_config, without_weight_paths
     from mplug_pretrain.models.mplug import MPLUG
     for path in (os.path.join(tag_dir, MODEL_CONFIG), os.path.join(run_dir, "model", "config.json")):
         if os.path.isfile(path):
             return MPLUG(read_model_config(path)), path
-    return MPLUG(cfg.model), os.path.join(run_dir, "config.yaml")
+    return MPLUG(without_weight_paths(cfg.model)), os.path.join(run_dir, "config.yaml")  # the tag has the weights
 
 
 def export_checkpoint(checkpoint: str, out: str, tag: str | None = None) -> str:

@@ -32,8 +32,8 @@ from mplug_pretrain.data.reading.decode_stats import DecodeStats, sum_over_ranks
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.train import checkpoint as ckpt
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.config_change import check_resume_config
-from mplug_pretrain.train.distributed import init_distributed
+from mplug_pretrain.train.config_change import batch_size_change_note, check_resume_config, saved_batch_size
+from mplug_pretrain.train.distributed import init_distributed, naming_peer_failures
 from mplug_pretrain.train.engine import after_optimizer_step, build_engine, engine_precision, save_final_model
 from mplug_pretrain.train.flops import current_peak_flops, mfu
 from mplug_pretrain.train.run_folder import RunFolderLock, claim_run_folder
@@ -195,13 +195,19 @@ def _prepare(cfg: Config, task: TrainTask, resume: str | None, info, lock: RunFo
     rank, world = info.rank, info.world_size
     run_dir = cfg.run_dir
     ckpt_dir = os.path.join(run_dir, "checkpoints")
+    ckpt.refuse_symlinked(ckpt_dir)
     tag, warnings = ckpt.resolve_resume(resume, ckpt_dir)
+    newer = []
     if tag is not None:
         check_resume_config(cfg, ckpt_dir, tag, world)
         ckpt.refuse_unsafe_tag(os.path.join(ckpt_dir, tag))  # a copied run folder may hold a pickle that runs code
+        newer = ckpt.check_newer_tags(ckpt_dir, tag, cfg.run.discard_newer)
     if rank == 0:
         for warning in warnings:
             print(warning, flush=True)
+        if newer:
+            print(f"[train] run.discard_newer: deleted {', '.join(ckpt.discard_newer(ckpt_dir, tag))} (newer than "
+                  f"{tag})", flush=True)
         os.makedirs(ckpt_dir, exist_ok=True)
         marker = os.path.join(run_dir, PREEMPTED_MARKER)
         if os.path.exists(marker):
@@ -246,6 +252,10 @@ def _resume(run: _Run) -> None:
         fallback = f" (the newer tag(s) were damaged: {len(run.resume_warnings)} skipped)" if run.resume_warnings else ""
         run.log.event(f"[train] resumed from {tag}: step {s.global_step}, samples {s.samples_seen}, "
                       f"epoch {s.epoch} batch {s.batch_in_epoch}{fallback}")
+        note = batch_size_change_note(saved_batch_size(run.ckpt_dir, tag), cfg.data.batch_size, s.epoch,
+                                      s.batch_in_epoch, run.world)
+        if note:
+            run.log.event(note)
     run.nan_steps = set(cfg.run.inject_nonfinite_at_steps)
     run.last_ckpt_time = time.time()
     if tag is not None:
@@ -458,11 +468,12 @@ def _finish(run: _Run, loader) -> dict:
 
 def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dict:
     """Train until ``optim.max_steps`` optimizer steps (or a stop signal). Returns a summary."""
-    run = _setup(cfg, task, resume)
-    _resume(run)
-    loader = None  # stays None when a resumed run had already finished
-    while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
-        loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
-        if not _train_epoch(run, loader):
-            break
-    return _finish(run, loader)
+    with naming_peer_failures(cfg.distributed.timeout_minutes):  # a frozen or failed rank: named, not a gloo trace
+        run = _setup(cfg, task, resume)
+        _resume(run)
+        loader = None  # stays None when a resumed run had already finished
+        while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
+            loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
+            if not _train_epoch(run, loader):
+                break
+        return _finish(run, loader)

@@ -3,7 +3,8 @@ request (``run.overwrite=true``), never silently mixed with a new run; and two l
 
 ``claim_run_folder`` (rank 0, before any heavy work):
 - a folder that already holds a run (``checkpoints/`` with a tag or ``latest``, or ``log.jsonl``) is refused
-  unless the command resumes it or ``run.overwrite`` is true; overwrite first removes the old run's outputs;
+  unless the command resumes it or ``run.overwrite`` is true; overwrite first removes the old run's outputs
+  (a symlinked output folder loses the link only, never what it points to);
 - ``<run>/.lock`` is locked with ``flock`` (exclusive, non-blocking) for the life of the process: a second run
   into the same folder is refused with the holder's pid and host. The kernel drops the lock when the process
   ends, however it ends (kill -9 included), so a stale lock file never blocks anyone.
@@ -87,11 +88,23 @@ def claim_run_folder(run_dir: str, resume: str | None, overwrite: bool) -> RunFo
                 f"run.name: {run_dir} already holds a run (checkpoints or log.jsonl); continue it with "
                 "--resume latest (or auto), pick another run.name / run.output_dir, or replace it with "
                 "run.overwrite=true")
-        for name in RUN_OUTPUTS:
-            path = os.path.join(run_dir, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path)
-            elif os.path.exists(path):
-                os.remove(path)
-        print(f"[train] run.overwrite=true: removed the previous run's outputs from {run_dir}", flush=True)
+        links = clear_run_outputs(run_dir)
+        print(f"[train] run.overwrite=true: removed the previous run's outputs from {run_dir}"
+              + (f" (symlinks removed, their targets kept: {', '.join(links)})" if links else ""), flush=True)
     return lock
+
+
+def clear_run_outputs(run_dir: str) -> list[str]:
+    """Remove the previous run's outputs (RUN_OUTPUTS) without following a link: a symlinked ``tensorboard/`` or
+    ``checkpoints/`` loses the link only, what it points to stays. -> the names that were links."""
+    links = []
+    for name in RUN_OUTPUTS:
+        path = os.path.join(run_dir, name)
+        if os.path.islink(path):
+            os.remove(path)
+            links.append(name)
+        elif os.path.isdir(path):
+            shutil.rmtree(path)  # never follows a link found inside (it removes the link)
+        elif os.path.exists(path):
+            os.remove(path)
+    return links

@@ -35,3 +35,26 @@ def test_folder_with_only_a_vocab_and_bad_paths(tmp_path, tokenizer):
         load_tokenizer(str(tmp_path / "nowhere"))
     with pytest.raises(ConfigError, match="max_text_len"):
         tokenize(tokenizer, TEXTS, 1)
+
+
+def test_malformed_tokenizer_json_names_the_file(tmp_path, tokenizer):
+    """Issue 37, item 5: a raw JSONDecodeError once, not naming the file."""
+    shutil.copy(os.path.join(tokenizer.name_or_path, "vocab.txt"), tmp_path / "vocab.txt")
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    with pytest.raises(ConfigError, match=f"data.tokenizer: {tmp_path / 'tokenizer.json'}: not valid JSON"):
+        load_tokenizer(str(tmp_path))
+
+
+def test_too_small_vocab_names_the_file_and_the_missing_tokens(tmp_path):
+    """Issue 37, item 5: a 50-word vocab.txt once failed later with 'every text must start with [CLS] (101)'."""
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"word{i}" for i in range(45)]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_tokenizer(str(tmp_path))
+    message = str(err.value)
+    assert message.startswith(f"data.tokenizer: {tmp_path / 'vocab.txt'}: 50 entries")
+    assert "[UNK] (id 1, expected 100)" in message and "[CLS] (id 2, expected 101)" in message
+    assert "[PAD] (" not in message  # at id 0 as expected
+    (tmp_path / "vocab.txt").write_text("\n".join(words[5:]) + "\n")
+    with pytest.raises(ConfigError, match=r"\[CLS\] \(id \d+, expected 101\)"):  # added at the end
+        load_tokenizer(str(tmp_path))

@@ -113,6 +113,21 @@ def test_run_folder_with_a_run_is_refused_unless_resumed_or_overwritten(tmp_path
     assert sorted(os.listdir(run_dir)) == [".lock", "notes.txt"]  # the old run's outputs only
 
 
+def test_overwrite_removes_a_symlinked_output_folder_not_its_target(tmp_path, capsys):
+    """Issue 37, item 5: a symlinked tensorboard/ once crashed rmtree after log.jsonl was deleted (half-cleared)."""
+    run_dir = tmp_path / "run"
+    _complete_tag(run_dir / "checkpoints", 2)
+    (run_dir / "log.jsonl").write_text('{"step": 1}\n')
+    shared = tmp_path / "shared_tensorboard"
+    shared.mkdir()
+    (shared / "events.other_run").write_text("another run's events")
+    os.symlink(shared, run_dir / "tensorboard")
+    claim_run_folder(str(run_dir), None, overwrite=True).release()
+    assert sorted(os.listdir(run_dir)) == [".lock"]
+    assert (shared / "events.other_run").read_text() == "another run's events"
+    assert "symlinks removed, their targets kept: tensorboard" in capsys.readouterr().out
+
+
 def test_run_folder_lock_refuses_a_second_holder(tmp_path):
     first = RunFolderLock(str(tmp_path))
     with pytest.raises(RunFolderBusyError, match=f"in use by another run \\(pid {os.getpid()}"):

@@ -120,6 +120,31 @@ def test_sigterm_to_the_process_group_checkpoints_and_resumes(tmp_path):
     assert (run_dir / "model" / "model.safetensors").is_file()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_a_stop_signal_to_the_nproc_launcher_saves_and_exits_0_without_a_traceback(tmp_path, sig):
+    """Issue 37, item 5: torchrun once exited 1 with a SignalException traceback (SIGTERM) or died of SIGUSR1."""
+    shards = write_shards(str(tmp_path / "shards"), shards=2)
+    args = train_args(tmp_path, shards, "stop", steps=400, extra=["run.log_every=1"])
+    run_dir = tmp_path / "stop"
+    victim = subprocess.Popen([sys.executable, "-m", "mplug_pretrain", "pretrain", "--nproc", "2", *args[1:]],
+                              cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        _wait_for_records(run_dir, victim, 1)
+        os.kill(victim.pid, sig)  # the `mplug` process only: Slurm's --signal=B:USR1, or `kill PID`
+        out, err = victim.communicate(timeout=300)
+    finally:
+        if victim.poll() is None:
+            os.killpg(victim.pid, signal.SIGKILL)
+    assert victim.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
+    assert f"[launcher] {sig.name} passed to the 2 rank(s)" in err and f"stop requested ({sig.name})" in out
+    assert (run_dir / "preempted").read_text().strip() == sig.name
+    tag = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert 1 <= int(tag.removeprefix("step")) < 400
+    assert not _processes_of(f"run.output_dir={tmp_path}")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_killing_the_nproc_parent_leaves_no_rank_alive(tmp_path, sig):
     shards = write_shards(str(tmp_path / "shards"), shards=2)

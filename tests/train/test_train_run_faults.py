@@ -9,7 +9,11 @@
 - resume with another batch size or on fewer ranks is refused before any work, config.yaml unchanged;
 - a full (real, tmpfs) filesystem while checkpointing: the error names the folder and the free space, the
   partial tag is removed, ``latest`` still names a complete tag;
-- `mplug export` of caption fine-tuning stages (cached features, then images) equals the stages' model folders.
+- `mplug export` of caption fine-tuning stages (cached features, then images) equals the stages' model folders;
+- issue 37: export of a tag whose model_config.json names a crafted TorchScript archive runs nothing; pruning
+  keeps a user's step1/, a copied tag and another run's folder behind a symlink; --resume <older tag> is refused
+  while a newer complete tag exists (run.discard_newer=true deletes it); an accepted data.batch_size change states
+  the samples of the epoch it skips.
 """
 import json
 import os
@@ -25,6 +29,7 @@ from safetensors.torch import load_file
 
 from mplug_pretrain.train import checkpoint as ckpt
 from tests.helpers import REPO_ROOT, call_mplug, read_log, run_mplug, tiny_pretrain_args
+from tests.models.weights.torchscript_payloads import save_trapped_archive
 from tests.train.test_train_safe_loading import Payload
 from tests.train.test_train_schedule import reference_lr
 
@@ -109,6 +114,70 @@ def test_damaged_newest_tag_resume_falls_back_and_ends_as_uninterrupted(finished
     assert ckpt.tag_problem(str(run_dir / "checkpoints"), ckpt.tag_for(STEPS)) is None
     straight, resumed = (load_file(d / "model" / "model.safetensors") for d in (finished, run_dir))
     assert straight.keys() == resumed.keys() and all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_export_reads_no_file_a_tags_model_config_names(finished, tmp_path, demo_shards):
+    run_dir, _ = _copy(finished, tmp_path, demo_shards)
+    marker, archive = tmp_path / "marker", tmp_path / "ViT-B-16.pt"
+    save_trapped_archive(str(archive), str(marker))
+    config_file = _newest(run_dir) / ckpt.MODEL_CONFIG
+    config = json.loads(config_file.read_text())
+    config["vision"]["checkpoint_path"] = str(archive)
+    config_file.write_text(json.dumps(config))
+    ckpt._write_marker(str(_newest(run_dir)), STEPS, 2, "pretrain")  # as someone preparing the folder would
+    exported = call_mplug(["export", "--checkpoint", str(run_dir), "--out", str(tmp_path / "out")])
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert not marker.exists()
+    straight, out = load_file(finished / "model" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert straight.keys() == out.keys() and all(torch.equal(straight[k], out[k]) for k in straight)
+
+
+def test_pruning_deletes_only_the_runs_own_tags(finished, tmp_path, demo_shards):
+    run_dir, args = _copy(finished, tmp_path, demo_shards, extra=[
+        f"optim.max_steps={STEPS + 2}", "run.keep_last=1", "run.allow_config_change=[optim.max_steps]"])
+    ckpt_dir = run_dir / "checkpoints"
+    (ckpt_dir / "step1").mkdir()
+    (ckpt_dir / "step1" / "notes.txt").write_text("my notes")
+    shutil.copytree(_newest(run_dir), ckpt_dir / ckpt.tag_for(99))  # a complete tag copied from elsewhere
+    other = tmp_path / "other_run" / "checkpoints" / ckpt.tag_for(50)
+    shutil.copytree(_newest(run_dir), other)
+    os.symlink(other, ckpt_dir / ckpt.tag_for(50))
+    proc = run_mplug(["pretrain", "--nproc", "2", *args, "--resume", "latest"], env=ONE_THREAD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (ckpt_dir / "step1" / "notes.txt").read_text() == "my notes"
+    assert ckpt.tag_problem(str(ckpt_dir), ckpt.tag_for(99)) is None
+    assert os.path.islink(ckpt_dir / ckpt.tag_for(50)) and ckpt.tag_problem(str(other.parent), ckpt.tag_for(50)) is None
+    ours = sorted(p.name for p in ckpt_dir.iterdir() if p.name.startswith("step0") and not p.is_symlink())
+    assert ours == [ckpt.tag_for(STEPS + 2), ckpt.tag_for(99)]  # keep_last=1 of the run's own
+    assert sorted(ckpt.read_ledger(str(ckpt_dir))) == [ckpt.tag_for(STEPS + 2)]
+
+
+def test_resume_from_an_older_tag_keeps_the_newer_one_unless_discarded(finished, tmp_path, demo_shards):
+    run_dir, args = _copy(finished, tmp_path, demo_shards)
+    ckpt_dir = run_dir / "checkpoints"
+    proc = run_mplug(["pretrain", "--nproc", "2", *args, "--resume", ckpt.tag_for(STEPS - 1)], env=ONE_THREAD)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert f"{ckpt.tag_for(STEPS)} is newer and complete" in proc.stderr and "run.discard_newer=true" in proc.stderr
+    assert ckpt.tag_problem(str(ckpt_dir), ckpt.tag_for(STEPS)) is None
+    proc = run_mplug(["pretrain", "--nproc", "2", *args, "run.discard_newer=true", "--resume", ckpt.tag_for(STEPS - 1)],
+                     env=ONE_THREAD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"run.discard_newer: deleted {ckpt.tag_for(STEPS)} (newer than {ckpt.tag_for(STEPS - 1)})" in proc.stdout
+    straight, resumed = (load_file(d / "model" / "model.safetensors") for d in (finished, run_dir))
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)  # the discarded step re-trained exactly
+
+
+def test_an_accepted_batch_size_change_states_the_samples_it_skips(finished, tmp_path, demo_shards):
+    run_dir, args = _copy(finished, tmp_path, demo_shards, extra=[
+        f"optim.max_steps={STEPS + 1}", "run.allow_config_change=[data.batch_size,optim.max_steps]"])
+    state = ckpt.read_torch_file(str(_newest(run_dir) / "trainer_state_rank0.pt"))["trainer"]
+    proc = run_mplug(["pretrain", "--nproc", "2", *args, "data.batch_size=8", "--resume", "latest"], env=ONE_THREAD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    per_rank = state["batch_in_epoch"] * (8 - 4)
+    assert state["batch_in_epoch"] > 0
+    assert (f"data.batch_size changed 4 -> 8 (run.allow_config_change): epoch {state['epoch']} resumes at batch "
+            f"{state['batch_in_epoch']}") in proc.stdout
+    assert f"{per_rank * 2} samples of this epoch ({per_rank} per rank x 2 rank(s)) will not be seen" in proc.stdout
 
 
 def test_rerun_into_a_finished_run_is_refused_and_its_tags_survive(finished, tmp_path, demo_shards):
@@ -199,9 +268,13 @@ def test_disk_full_while_checkpointing_on_a_real_small_filesystem(finished, tmp_
         args = tiny_pretrain_args(small, demo_shards, "run", STEPS + 1,
                                   [*EXTRA, "run.allow_config_change=[optim.max_steps]"])
         proc = run_mplug(["pretrain", "--nproc", "2", *args, "--resume", "latest"], env=ONE_THREAD)
-        assert proc.returncode != 0
+        assert proc.returncode == 3, proc.stderr[-3000:]  # a rank's data error, also through the launcher
         ckpt_dir = run_dir / "checkpoints"
         assert f"{ckpt_dir}: writing checkpoint {ckpt.tag_for(STEPS + 1)} failed: the disk is full" in proc.stderr
+        # issue 37: the rank that did not hit the full disk names the checkpoint and the disk too, not gloo
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("mplug:")]
+        assert errors and all(f"{ckpt_dir}: " in line and "MiB free there" in line for line in errors), errors
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert " MiB free there" in proc.stderr and "--resume latest" in proc.stderr
         assert not (ckpt_dir / ckpt.tag_for(STEPS + 1)).exists(), "the partial tag was left"
         assert ckpt.read_latest(str(ckpt_dir)) == ckpt.tag_for(STEPS)

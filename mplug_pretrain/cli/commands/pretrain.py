@@ -49,11 +49,11 @@ def _without_nproc(argv: list[str]) -> list[str]:
 
 
 def _exec_torchrun(nproc: int) -> None:
-    """``--nproc N`` on one machine: this process becomes torchrun (``os.execv``, same pid) running this very
-    command with N ranks. A signal to the ``mplug`` pid therefore reaches torchrun, which forwards SIGTERM /
-    SIGINT to the ranks; if it is killed outright, each rank gets SIGTERM from the kernel (``LAUNCHER_PID``)."""
+    """``--nproc N`` on one machine: this process becomes torchrun (``os.execv``, same pid; cli/torchrun_launch.py)
+    running this very command with N ranks. A SIGTERM / SIGUSR1 to the ``mplug`` pid is passed to the ranks, which
+    save and exit 0; if it is killed outright, each rank gets SIGTERM from the kernel (``LAUNCHER_PID``)."""
     from mplug_pretrain.train.distributed import free_port
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+    cmd = [sys.executable, "-m", "mplug_pretrain.cli.torchrun_launch", "--nproc_per_node", str(nproc),
            "--master_port", str(free_port()), "-m", "mplug_pretrain", *_without_nproc(sys.argv[1:])]
     os.environ[LAUNCHER_PID] = str(os.getpid())
     sys.stdout.flush()

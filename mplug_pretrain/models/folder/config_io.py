@@ -7,6 +7,7 @@ a file of this version or older is an error (a typo or a damaged file).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -18,6 +19,9 @@ from mplug_pretrain.utils.typed_dataclass import read_json_dataclass
 
 CONFIG_FILE = "config.json"
 FORMAT_VERSION = 1
+# (section, field, value when unset): the settings that load weights from elsewhere when a model is built
+WEIGHT_PATH_FIELDS = (("vision", "checkpoint_path", None), ("vision", "backbone_pretrained", False),
+                      ("text", "bert_checkpoint", None), ("decoder", "bert_checkpoint", None))
 log = logging.getLogger(__name__)
 
 
@@ -25,8 +29,8 @@ def write_model_config(config: ModelConfig, path: str) -> None:
     """The config as JSON, without the checkpoint paths (the weights saved beside it already hold what those
     files initialised)."""
     values = dataclasses.asdict(config)
-    values["vision"]["checkpoint_path"] = values["text"]["bert_checkpoint"] = None
-    values["decoder"]["bert_checkpoint"] = None
+    for section, name, empty in WEIGHT_PATH_FIELDS:
+        values[section][name] = empty
     default = ModelConfig().vision
     for name in ("backbone", "backbone_kwargs", "backbone_pretrained"):  # our ViT: readable by older readers
         if values["vision"][name] == getattr(default, name):
@@ -37,13 +41,15 @@ def write_model_config(config: ModelConfig, path: str) -> None:
 
 def read_model_config(path: str) -> ModelConfig:
     """A ``config.json``: a value of the wrong type, an unknown key or a size out of range raises ConfigError
-    naming the file and the dotted field ("<path>: model.vision.image_size: expected int, got str '64'")."""
+    naming the file and the dotted field ("<path>: model.vision.image_size: expected int, got str '64'").
+    Settings that would read another file (WEIGHT_PATH_FIELDS) are ignored with a warning: never followed."""
     with open(path) as f:
         try:
             values = json.load(f)
         except json.JSONDecodeError as err:
             raise ConfigError(f"{path}: not valid JSON: {err}") from err
     if isinstance(values, dict):
+        _drop_weight_paths(values, path)
         version = values.pop("format_version", 1)
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise ConfigError(f"{path}: format_version: expected an integer >= 1, got {version!r}")
@@ -52,6 +58,29 @@ def read_model_config(path: str) -> ModelConfig:
             log.warning("%s: written in format %d, this reader knows up to %d: ignored fields it does not know%s",
                         path, version, FORMAT_VERSION, f" ({', '.join(dropped)})" if dropped else " (none found)")
     return read_json_dataclass(ModelConfig, path, "model", values=values)
+
+
+def without_weight_paths(config: ModelConfig) -> ModelConfig:
+    """A copy of ``config`` that reads no weights file when built (the weights come from elsewhere: a tag)."""
+    config = copy.deepcopy(config)
+    for section, name, empty in WEIGHT_PATH_FIELDS:
+        setattr(getattr(config, section), name, empty)
+    return config
+
+
+def _drop_weight_paths(values: dict, path: str) -> None:
+    """Nulls (in place) every setting that would make the model read another file at build time: a model folder
+    carries its weights (model.safetensors), so a ``config.json`` someone sends cannot point the loader at a file
+    of their choosing (pretrained-tower paths belong to the training config only)."""
+    ignored = []
+    for section, name, empty in WEIGHT_PATH_FIELDS:
+        part = values.get(section)
+        if isinstance(part, dict) and part.get(name) not in (None, empty):
+            ignored.append(f"model.{section}.{name}")
+            part[name] = empty
+    if ignored:
+        log.warning("%s: ignored %s: a model folder's weights are its model.safetensors; pretrained-tower "
+                    "files are named in the training config only", path, ", ".join(ignored))
 
 
 def _drop_unknown(cls: type, values: dict, prefix: str) -> list[str]:

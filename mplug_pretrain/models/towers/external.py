@@ -12,7 +12,8 @@ Token 0: the tower's own pooled representation (timm: ``forward_head(pre_logits=
 Register tokens are dropped. ``width`` is the tower's output width: a projection to the text width follows when
 they differ (models/towers/vision.py), as the official code does for ViT-L.
 
-Weights: ``vision.checkpoint_path`` (a safetensors file, or a torch file read with ``weights_only=True``) with the
+Weights: ``vision.checkpoint_path`` (models/weights/weights_file.py: safetensors, TorchScript read as data, or a
+torch file read with ``weights_only=True``) with the
 tower's own keys (open_clip: a full CLIP checkpoint's ``visual.*`` keys are taken), or
 ``vision.backbone_pretrained: true`` for timm's pretrained weights (through its Hugging Face Hub cache, which works
 offline once downloaded). Our own ViT stays the default because the OpenAI CLIP and official mPLUG checkpoints load into it, not for
@@ -128,12 +129,8 @@ class ExternalTower(nn.Module):
 
 def load_tower_weights(tower: ExternalTower, path: str) -> None:
     """A safetensors / torch (weights_only) file with the trunk's keys, or a full open_clip checkpoint."""
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
-        state = load_file(path)
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        state = state.get("state_dict", state) if isinstance(state, dict) else state
+    from mplug_pretrain.models.weights.weights_file import read_weights_file, tensors_only
+    state = tensors_only(read_weights_file(path, "model.vision.checkpoint_path"), path)
     for prefix in ("visual.", "trunk."):  # a full open_clip checkpoint; its TimmModel's trunk is our trunk
         if any(k.startswith(prefix) for k in state):
             state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}

@@ -72,8 +72,9 @@ def rename_bert_key(key: str) -> str | None:
     return None
 
 
-def read_bert_checkpoint(path: str) -> tuple[dict[str, torch.Tensor], dict]:
-    """(state dict without the ``bert.`` prefix, config.json) of a BERT folder (safetensors or torch .bin)."""
+def read_bert_checkpoint(path: str, field: str = "model.text.bert_checkpoint") -> tuple[dict[str, torch.Tensor], dict]:
+    """(state dict without the ``bert.`` prefix, config.json) of a BERT folder (safetensors or torch .bin);
+    ``field`` names the setting in errors."""
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"{path}: no config.json (expected a transformers BERT folder)")
@@ -84,7 +85,9 @@ def read_bert_checkpoint(path: str) -> tuple[dict[str, torch.Tensor], dict]:
         from safetensors.torch import load_file
         sd = load_file(weights)
     elif os.path.isfile(os.path.join(path, "pytorch_model.bin")):
-        sd = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        from mplug_pretrain.models.weights.weights_file import read_weights_file, tensors_only
+        bin_file = os.path.join(path, "pytorch_model.bin")
+        sd = tensors_only(read_weights_file(bin_file, field), bin_file)
     else:
         raise FileNotFoundError(f"{path}: neither model.safetensors nor pytorch_model.bin")
     return {k.removeprefix("bert."): v for k, v in sd.items()}, config
@@ -165,7 +168,7 @@ def init_text_from_bert(model: nn.Module, path: str) -> dict:
 
 def init_decoder_from_bert(model: nn.Module, path: str) -> dict:
     """The BERT decoder of an MPLUG from BERT at ``path`` (cross-attention stays new)."""
-    sd, config = read_bert_checkpoint(path)
+    sd, config = read_bert_checkpoint(path, "model.decoder.bert_checkpoint")
     d, width = model.config.decoder, model.config.text.width
     _check_config(config, width, d.heads, d.ffn_dim, model.config.text.vocab_size, "model.decoder.bert_checkpoint",
                   path)

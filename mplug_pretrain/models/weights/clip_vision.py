@@ -1,8 +1,8 @@
 """Load CLIP ViT weights from a local OpenAI CLIP, open_clip or timm file into ``VisionTransformer``.
 
-Files: ``.safetensors``; torch files read with ``torch.load(weights_only=True)`` (plain or wrapped in
-``state_dict`` / ``model``, optionally ``module.``-prefixed); TorchScript archives (OpenAI's released
-``ViT-B-16.pt``) read with ``torch.jit.load`` (TorchScript, not pickle). Nothing else is unpickled.
+Files (models/weights/weights_file.py; nothing in them runs): ``.safetensors``; TorchScript archives (OpenAI's
+released ``ViT-B-16.pt``) read as data; torch files read with ``torch.load(weights_only=True)``; the state dict
+plain or wrapped in ``state_dict`` / ``model``, optionally ``module.``-prefixed.
 
 Formats (``auto`` detects them from the key names):
   openai / open_clip: ``visual.conv1.weight``, ``visual.transformer.resblocks.{i}.attn.in_proj_weight`` ...
@@ -13,13 +13,12 @@ A checkpoint grid different from the configured one gets its positional embeddin
 """
 from __future__ import annotations
 
-import os
-import zipfile
 from typing import Literal
 
 import torch
 
 from mplug_pretrain.models.towers.vision import VisionTransformer, resize_positional_embedding
+from mplug_pretrain.models.weights.weights_file import read_weights_file, tensors_only
 
 TIMM_BLOCK_KEYS = {
     "norm1": "ln_1", "attn.qkv.weight": "attn.in_proj_weight", "attn.qkv.bias": "attn.in_proj_bias",
@@ -29,34 +28,10 @@ TIMM_TOP_KEYS = {"patch_embed.proj.weight": "conv1.weight", "norm_pre": "ln_pre"
 DROPPED_TIMM_PREFIXES = ("head.", "fc_norm.")
 
 
-def read_state_dict(path: str) -> dict[str, torch.Tensor]:
-    """Tensors of a checkpoint file, unwrapped from ``state_dict`` / ``model`` and ``module.`` prefixes."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"vision checkpoint not found: {path}")
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
-        sd = load_file(path)
-    elif _is_torchscript(path):
-        sd = torch.jit.load(path, map_location="cpu").state_dict()
-    else:
-        try:
-            sd = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # pickle with arbitrary objects: refuse rather than execute
-            raise ValueError(f"{path}: not loadable with torch.load(weights_only=True) ({err}); "
-                             "convert it to safetensors or a plain state dict") from err
-    for wrapper in ("state_dict", "model"):
-        if isinstance(sd, dict) and isinstance(sd.get(wrapper), dict):
-            sd = sd[wrapper]
-    if not isinstance(sd, dict):
-        raise TypeError(f"{path}: expected a state dict, found {type(sd).__name__}")
-    return {k.removeprefix("module."): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
-
-
-def _is_torchscript(path: str) -> bool:
-    if not zipfile.is_zipfile(path):
-        return False
-    with zipfile.ZipFile(path) as zf:
-        return any(name.split("/", 1)[-1].startswith("code/") for name in zf.namelist())
+def read_state_dict(path: str, field: str = "model.vision.checkpoint_path") -> dict[str, torch.Tensor]:
+    """Tensors of a checkpoint file (weights_file.py: nothing in it runs), unwrapped from ``state_dict`` / ``model``
+    and ``module.`` prefixes."""
+    return tensors_only(read_weights_file(path, field), path)
 
 
 def detect_format(sd: dict[str, torch.Tensor]) -> Literal["openai", "timm"]:

@@ -42,6 +42,10 @@ def test_a_written_config_reads_back_equal(folder):
     ("decoder", "dropout", None, "model.decoder.dropout: expected float"),
     ("fusion", "type", "full", "model.fusion.type: expected one of"),
     (None, "vision", [64], "model.vision: expected a mapping"),
+    # issue 37, item 5: sizes that once went to the allocator (width 10^9: 512 GB)
+    ("vision", "width", 10**9, "model.vision.width: 1000000000 is above the largest accepted, 16384"),
+    ("text", "vocab_size", 10**9, "model.text.vocab_size: 1000000000 is above the largest accepted"),
+    ("decoder", "ffn_dim", 2**20, "model.decoder.ffn_dim: 1048576 is above the largest accepted, 65536"),
 ])
 def test_a_bad_config_json_fails_when_the_folder_is_opened(folder, section, key, value, message):
     edit_json(folder / "config.json", section, key, value)
@@ -104,3 +108,14 @@ def test_fields_of_a_newer_format_are_warned_and_ignored(folder, caplog):
         edit_json(folder / "config.json", None, "format_version", bad)
         with pytest.raises(ConfigError, match="format_version: expected an integer >= 1"):
             read_model_config(str(folder / "config.json"))
+
+
+def test_an_absurd_size_is_one_mplug_line_naming_file_and_field(folder, tmp_path):
+    from tests.helpers import call_mplug
+    edit_json(folder / "config.json", "vision", "width", 10**9)
+    image = tmp_path / "x.png"
+    image.write_bytes(b"")
+    proc = call_mplug(["caption", "--checkpoint", str(folder), str(image)])
+    assert proc.returncode == 2
+    assert proc.stderr == (f"mplug: config error: {folder / 'config.json'}: model.vision.width: 1000000000 is above "
+                           "the largest accepted, 16384 (a damaged or hostile config; nothing was allocated)\n")

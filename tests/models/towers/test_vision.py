@@ -14,6 +14,7 @@ from timm.layers import resample_abs_pos_embed
 
 from mplug_pretrain.models.towers.vision import VisionTransformer, resize_positional_embedding
 from mplug_pretrain.models.weights.clip_vision import load_vision_checkpoint
+from mplug_pretrain.models.weights.reader import UnsafeFileError
 
 CFG = {"image_size": 32, "patch_size": 8, "width": 64, "layers": 2, "heads": 4}
 
@@ -96,5 +97,5 @@ def test_mismatched_or_unsafe_files_are_refused(tmp_path):
     evil = tmp_path / "evil.pt"
     with open(evil, "wb") as f:
         pickle.dump({"conv1.weight": torch.zeros(1), "obj": object()}, f, protocol=2)
-    with pytest.raises(ValueError, match="weights_only"):
+    with pytest.raises(UnsafeFileError, match=r"model\.vision\.checkpoint_path: .*evil\.pt: refused: loading it would create"):
         load_vision_checkpoint(ours, str(evil))
