@@ -129,7 +129,8 @@ def run_vqa(args) -> int:
 def run_video(args) -> int:
     from mplug_pretrain.data.writers.video import write_video_shards
     return _report(args, write_video_shards(args.videos, args.out, annotations=args.annotations,
-                                            video_key=args.video_key, name=args.name, skip_missing=args.skip_missing,
+                                            video_key=args.video_key, caption_key=args.caption_key, name=args.name,
+                                            skip_missing=args.skip_missing,
                                             **_sizes(args)))
 
 
@@ -221,7 +222,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--videos", required=True)
     p.add_argument("--annotations", default=None, help="JSON/JSONL records or {video: [captions]}")
     p.add_argument("--video-key", default=None, help="record field naming the video (default: video, "
-                                                      "clip_name, video_id or vid)")
+                                                      "clip_name, video_id, videoID or vid)")
+    p.add_argument("--caption-key", default=None, help="record field holding the caption(s) (default: caption, "
+                                                        "captions or enCap, VATEX's English captions)")
     p.add_argument("--skip-missing", action="store_true")
     p.set_defaults(func=run_video)
     return parser
