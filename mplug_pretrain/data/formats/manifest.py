@@ -114,6 +114,18 @@ def shard_sample_counts(shard_urls: list[str]) -> list[int]:
     return counts
 
 
+def count_source(shard_url: str) -> str:
+    """The file ``shard_sample_counts`` took a local shard's count from: the folder's manifest.json when it lists
+    the shard, else img2dataset's ``NNNNN_stats.json``, else the tar itself."""
+    path = local_path(shard_url) or shard_url
+    folder = os.path.dirname(os.path.abspath(path))
+    mpath = manifest_path(folder)
+    if os.path.exists(mpath) and os.path.basename(path) in _manifest_counts(folder, os.path.getmtime(mpath)):
+        return mpath
+    stats = os.path.splitext(path)[0] + "_stats.json"
+    return stats if os.path.isfile(stats) else path
+
+
 def img2dataset_count(path: str) -> int | None:
     """The samples img2dataset wrote into ``NNNNN.tar``: ``successes`` of ``NNNNN_stats.json`` beside it (the
     images it could not fetch or resize are counted there as failures and not in the tar); None without one."""
