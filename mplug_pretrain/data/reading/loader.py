@@ -42,9 +42,8 @@ def worker_message(err: Exception) -> str:
     text = str(err)
     if not text.startswith("Caught ") or "DataLoader worker" not in text.split("\n", 1)[0]:
         return text
-    prefix = f"{type(err).__module__}.{type(err).__qualname__}: "
     last = text.rstrip().rsplit("\n", 1)[-1]
-    return last[len(prefix):] if last.startswith(prefix) else last
+    return last.removeprefix(f"{type(err).__module__}.{type(err).__qualname__}: ")
 
 
 def _stop_workers(batches) -> None:
