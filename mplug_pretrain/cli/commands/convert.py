@@ -1,6 +1,8 @@
 """``mplug convert expansionnet --checkpoint F --out DIR``: official ExpansionNet v2 weights -> ours."""
 from __future__ import annotations
 
+from mplug_pretrain.errors import ConfigError
+
 
 def register(sub) -> None:
     p = sub.add_parser("convert", help="convert official checkpoints into our module state dicts")
@@ -15,6 +17,16 @@ def register(sub) -> None:
     e.set_defaults(func=run_expansionnet)
 
 
+def parse_group(text: str) -> tuple[int, ...]:
+    try:
+        group = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        group = ()
+    if not group or min(group) < 1:
+        raise ConfigError(f"--encoder-group {text}: expected positive integers separated by commas, e.g. 32,64,128")
+    return group
+
+
 def run_expansionnet(args) -> int:
     import os
     if not os.path.isfile(args.checkpoint):
@@ -27,7 +39,7 @@ def run_expansionnet(args) -> int:
         read_expansionnet_checkpoint,
         write_conversion,
     )
-    group = tuple(int(n) for n in args.encoder_group.split(",")) if args.encoder_group else OFFICIAL_ENCODER_GROUP
+    group = parse_group(args.encoder_group) if args.encoder_group else OFFICIAL_ENCODER_GROUP
     heads = OFFICIAL_HEADS if args.heads is None else args.heads
     result = convert_expansionnet(read_expansionnet_checkpoint(args.checkpoint), heads, group)
     out = write_conversion(result, args.out)
