@@ -17,8 +17,8 @@ def official_file(tmp_path):
 @pytest.mark.parametrize("setting, message", [
     (["--heads", "3"], "--heads 3: the checkpoint's width 16 is not divisible by it"),
     (["--heads", "0"], "--heads 0: the checkpoint's width 16 is not divisible by it"),
-    (["--encoder-group", "4,4"], f"--encoder-group 4,4: sums to 8, the checkpoint's static expansion has "
-                                 f"{sum(ENC_GROUP)} query vectors"),
+    (["--encoder-group", "4,4"], (f"--encoder-group 4,4: sums to 8, the checkpoint's static expansion has "
+                                  f"{sum(ENC_GROUP)} query vectors")),
     (["--encoder-group", "4,x"], "--encoder-group 4,x: expected positive integers separated by commas, e.g. 32,64,128"),
 ])
 def test_a_setting_the_weights_contradict_is_one_line(official_file, tmp_path, setting, message):
