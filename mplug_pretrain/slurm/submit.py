@@ -75,7 +75,8 @@ def build_job(kind: str, args: argparse.Namespace, eval_tasks: Collection[str] =
 
     if kind == "eval":
         split_checkpoint_overrides(args)
-    cfg = load_config(args.config, args.overrides)
+    # an eval job reads only what `mplug eval` reads: the training shards need not exist where it runs
+    cfg = load_config(args.config, args.overrides, check_paths="eval" if kind == "eval" else True)
     if kind == "pretrain":
         from mplug_pretrain.tasks.pretrain.train import random_init_problem
         problem = random_init_problem(cfg)
