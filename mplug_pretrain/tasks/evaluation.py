@@ -21,11 +21,12 @@ def load_eval_model(cfg, checkpoint: str):
     """A ``save_pretrained`` / ``mplug export`` folder -> MPLUG in eval mode on ``eval_device()``, the ViT
     re-targeted to ``eval.image_size`` when set."""
     from mplug_pretrain.models.folder.hub import resolve_model_folder
-    from mplug_pretrain.models.mplug import CONFIG_FILE, MPLUG
+    from mplug_pretrain.models.folder.locate import model_folder_problem
+    from mplug_pretrain.models.mplug import MPLUG
     checkpoint = resolve_model_folder(checkpoint)  # a Hub id: its snapshot in huggingface_hub's cache
-    if not os.path.isfile(os.path.join(checkpoint, CONFIG_FILE)):
-        raise ConfigError(f"--checkpoint {checkpoint}: not a model folder (no {CONFIG_FILE}); pass a "
-                          "save_pretrained or `mplug export` folder (e.g. a run's model/)")
+    problem = model_folder_problem(checkpoint)
+    if problem:
+        raise ConfigError(f"--checkpoint {checkpoint}: {problem}")
     model = MPLUG.from_pretrained(checkpoint, image_size=cfg.eval.image_size)
     return model.to(eval_device()).eval()
 

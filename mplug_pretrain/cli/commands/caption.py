@@ -5,7 +5,6 @@ others: each is listed on stderr ("mplug: skipped PATH: not a readable image (..
 captioned, and the exit code is 0; 3 when no image was readable."""
 from __future__ import annotations
 
-import os
 import sys
 
 from mplug_pretrain.errors import DataError
@@ -28,15 +27,10 @@ def register(subparsers) -> None:
 
 def check_model_folder(path: str) -> None:
     """``--checkpoint`` must be a model folder; a run folder is pointed to its model/."""
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return
-    if os.path.isfile(os.path.join(path, "model", "config.json")):
-        raise FileNotFoundError(f"--checkpoint {path}: a run folder, not a model folder; pass {os.path.join(path, 'model')}")
-    if os.path.isdir(os.path.join(path, "checkpoints")):
-        raise FileNotFoundError(f"--checkpoint {path}: a run folder without a model/ (unfinished?); make one with "
-                                f"`mplug export --checkpoint {path} --out DIR`")
-    what = "no config.json in it" if os.path.isdir(path) else "no such folder"
-    raise FileNotFoundError(f"--checkpoint {path}: not a model folder ({what})")
+    from mplug_pretrain.models.folder.locate import model_folder_problem
+    problem = model_folder_problem(path)
+    if problem:
+        raise FileNotFoundError(f"--checkpoint {path}: {problem}")
 
 
 def run(args) -> int:

@@ -3,10 +3,12 @@ sub-command per task of the registry (FINETUNE_TASKS, EVAL_TASKS); each task mod
 from __future__ import annotations
 
 import json
+import sys
 
 from mplug_pretrain.cli.parsing import IntermixedParser, add_config_args, load_config_from_args
 from mplug_pretrain.cli.registry import EVAL_TASKS, FINETUNE_TASKS
 from mplug_pretrain.config import use_folder_tokenizer
+from mplug_pretrain.utils.process_group import rank
 
 
 def register_finetune(sub) -> None:
@@ -39,6 +41,8 @@ def run_finetune(args) -> int:
     cfg = load_config_from_args(args)
     result = FINETUNE_TASKS[args.task]().run(cfg, resume=args.resume)
     print(json.dumps(result.get("metrics", {}), indent=2))
+    if result.get("model_dir") and rank() == 0:  # the folder `mplug eval` / `mplug caption` take
+        print(f"[finetune] final model: {result['model_dir']}", file=sys.stderr, flush=True)
     return 0
 
 
