@@ -65,6 +65,8 @@ def json_list(meta: dict, key: str) -> list:
 
 
 class ImageTextFormat:
+    shard_kinds = ("image-text",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
+
     def __init__(self, transform, tokenizer, max_text_len: int, image_size: int):
         self.transform, self.tokenizer = transform, tokenizer
         self.max_text_len, self.image_size = max_text_len, image_size
@@ -96,6 +98,8 @@ def answer_targets(answers: list[str]) -> tuple[list[str], list[float]]:
 
 
 class VQAFormat:
+    shard_kinds = ("vqa",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
+
     def __init__(self, transform, tokenizer, max_text_len: int, image_size: int):
         self.transform, self.tokenizer = transform, tokenizer
         self.max_text_len, self.image_size = max_text_len, image_size
@@ -127,6 +131,8 @@ class VQAFormat:
 
 
 class CaptionEvalFormat:
+    shard_kinds = ("image-text",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
+
     def __init__(self, transform, image_size: int):
         self.transform, self.image_size = transform, image_size
 
@@ -151,6 +157,8 @@ class CaptionEvalFormat:
 
 
 class VideoFormat:
+    shard_kinds = ("video",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
+
     def __init__(self, num_frames: int | None = None, frame_mode: str = "uniform", transform=None,
                  image_size: int | None = None, backend: str = "auto"):
         if num_frames is not None and (transform is None or image_size is None):
