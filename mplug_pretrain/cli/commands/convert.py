@@ -12,8 +12,12 @@ def register(sub) -> None:
     e.add_argument("--out", required=True, help="folder for decoder.pt, refiner.pt, expansionnet_conversion.json")
     e.add_argument("--heads", type=int, default=None, help="cross-attention heads (not in the weights; default 8)")
     e.add_argument("--encoder-group", default=None,
-                   help="block static expansion group sizes G, comma separated (not in the weights; "
+                   help="block static expansion group sizes G, comma separated (only their sum is in the weights; "
                         "default 32,64,128,256,512)")
+    e.add_argument("--compare", default=None, metavar="FILE",
+                   help="the official model's outputs on a fixed input (torch.save of encoder_input, encoder_output, "
+                        "decoder_ids, decoder_logits): checks --heads and --encoder-group, which the weights cannot "
+                        "tell (models/weights/expansionnet_check.py)")
     e.set_defaults(func=run_expansionnet)
 
 
@@ -42,9 +46,18 @@ def run_expansionnet(args) -> int:
     group = parse_group(args.encoder_group) if args.encoder_group else OFFICIAL_ENCODER_GROUP
     heads = OFFICIAL_HEADS if args.heads is None else args.heads
     result = convert_expansionnet(read_expansionnet_checkpoint(args.checkpoint), heads, group)
+    if args.compare:
+        from mplug_pretrain.models.weights.expansionnet_check import check_against_reference, read_reference
+        checked = check_against_reference(result, read_reference(args.compare), args.compare)
     out = write_conversion(result, args.out)
     print(f"converted {len(result.decoder)} decoder and {len(result.refiner)} refiner tensors into {out} "
           f"({len(result.ignored)} ignored, {len(result.unknown)} unknown)")
+    if args.compare:
+        print("\n".join(checked))
+    else:
+        print(f"not in the weights, so not checked: --heads {heads}"
+              + (f", --encoder-group {','.join(map(str, group))} (their sum is)" if result.refiner else "")
+              + "; check them with --compare FILE, the official model's outputs on a fixed input")
     for key in result.unknown:
         print(f"unknown official key: {key}")
     return 0

@@ -172,3 +172,17 @@ def write_conversion(result: ExpansionNetConversion, out_dir: str | Path) -> Pat
     summary = {k: v for k, v in asdict(result).items() if k not in ("decoder", "refiner")}
     (out / "expansionnet_conversion.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out
+
+
+def read_conversion(out_dir: str | Path) -> ExpansionNetConversion:
+    """What ``write_conversion`` wrote (``mplug convert expansionnet --out DIR``), for ``expansionnet_check``'s
+    ``build_decoder`` / ``build_refiner``: the modules around the converted weights."""
+    out = Path(out_dir)
+    summary_path = out / "expansionnet_conversion.json"
+    if not summary_path.is_file():
+        raise DataError(f"{out}: no expansionnet_conversion.json (not a `mplug convert expansionnet` output folder)")
+    summary = json.loads(summary_path.read_text())
+    refiner = torch.load(out / "refiner.pt", weights_only=True) if (out / "refiner.pt").is_file() else {}
+    return ExpansionNetConversion(torch.load(out / "decoder.pt", weights_only=True), refiner,
+                                  summary["decoder_config"], summary["refiner_config"], summary.get("ignored", {}),
+                                  summary.get("unknown", []))
