@@ -43,9 +43,10 @@ INT64_MAX = 2**63 - 1
 
 
 def image_id_of(meta: dict, sample: dict) -> int:
-    """json ``image_id`` when it is an integer (or ASCII digits); otherwise a stable 62-bit id of the text/key.
-    An integer outside int64 (it could not go into the batch's long tensor) raises ``bad_image_id``."""
-    value = meta.get("image_id")
+    """json ``image_id`` when it is an integer (or ASCII digits), else img2dataset's json ``key`` ("000010005" ->
+    10005); otherwise a stable 62-bit id of the text/key. An integer outside int64 (it could not go into the
+    batch's long tensor) raises ``bad_image_id``."""
+    value = meta.get("image_id", meta.get("key"))
     if isinstance(value, str) and value.isascii() and value.isdigit():  # "²".isdigit() is True, int("²") fails
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
