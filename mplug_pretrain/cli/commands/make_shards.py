@@ -122,6 +122,7 @@ def run_vqa(args) -> int:
     from mplug_pretrain.data.writers.vqa import write_vqa_shards
     return _report(args, write_vqa_shards(args.questions, args.images, args.out, annotations=args.annotations,
                                           answer_list=args.answer_list, image_pattern=args.image_pattern,
+                                          image_info=args.image_info,
                                           name=args.name, max_image_side=args.max_image_side,
                                           skip_missing=args.skip_missing, **_sizes(args)))
 
@@ -179,6 +180,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--annotations", default=None, help="VQA annotations JSON (absent for test splits)")
     p.add_argument("--images", default=None, help="image folder (ids from trailing digits of file names)")
     p.add_argument("--image-pattern", default=None, help="e.g. COCO_val2014_{image_id:012d}.jpg")
+    p.add_argument("--image-info", default=None, help="image id -> file name: a COCO-style JSON with an images "
+                                                      "list (id, file_name) or {image_id: file name}")
     p.add_argument("--answer-list", default=None, help="answer list (JSON list or one per line) to store beside")
     p.add_argument("--easy-vqa", action="store_true", help="convert the easy-vqa package's data set instead")
     p.add_argument("--split", default=None, help="easy-vqa split: train or test")
