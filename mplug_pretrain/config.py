@@ -473,7 +473,15 @@ def check_path(spec: str, name: str) -> None:
         if "://" in url or url.startswith("pipe:"):
             continue
         if not os.path.exists(url) and not glob.glob(url):
-            raise ConfigError(f"{name}: path does not exist: {url}")
+            raise ConfigError(f"{name}: path does not exist: {url}{_demo_hint(url)}")
+
+
+def _demo_hint(path: str) -> str:
+    """The shipped configs read the demo shards, which `mplug demo` makes on first use: say so for a path there."""
+    if os.path.normpath(path).split(os.sep)[0] != "data_shards":
+        return ""
+    return (f" (relative to {os.getcwd()}; the demo shards: `mplug demo --quick` makes data_shards/ here first, "
+            "or point the field at your own shards)")
 
 
 def check_exists(path: str, name: str) -> None:

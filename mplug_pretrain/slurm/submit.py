@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Collection
@@ -36,25 +35,10 @@ from mplug_pretrain.slurm.script import (
     check_sbatch_value,
     default_signal_seconds,
 )
+from mplug_pretrain.tasks.evaluation import checkpoint_label
 from mplug_pretrain.utils.atomic_files import write_text_atomic
 
 log = logging.getLogger(__name__)
-
-
-def checkpoint_label(path: str) -> str:
-    """A file-name-safe label for a model folder: ``<run>-<step tag>`` for a run's ``model/`` (or any folder
-    directly inside a run folder, one holding ``config.yaml``), the tag read from the run's
-    ``checkpoints/latest``; otherwise ``<parent>-<folder>``. ``runs/a/model`` -> ``a-step20``."""
-    from mplug_pretrain.train.checkpoint import read_latest
-
-    folder = os.path.abspath(path)
-    parent = os.path.dirname(folder)
-    if os.path.isfile(os.path.join(parent, "config.yaml")):
-        tag = read_latest(os.path.join(parent, "checkpoints"))
-        label = f"{os.path.basename(parent)}-{tag or os.path.basename(folder)}"
-    else:
-        label = f"{os.path.basename(parent)}-{os.path.basename(folder)}"
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", label).strip("-") or "checkpoint"
 
 
 def split_checkpoint_overrides(args: argparse.Namespace) -> None:
@@ -75,7 +59,8 @@ def build_job(kind: str, args: argparse.Namespace, eval_tasks: Collection[str] =
 
     if kind == "eval":
         split_checkpoint_overrides(args)
-    cfg = load_config(args.config, args.overrides)
+    # an eval job reads only what `mplug eval` reads: the training shards need not exist where it runs
+    cfg = load_config(args.config, args.overrides, check_paths="eval" if kind == "eval" else True)
     if kind == "pretrain":
         from mplug_pretrain.tasks.pretrain.train import random_init_problem
         problem = random_init_problem(cfg)

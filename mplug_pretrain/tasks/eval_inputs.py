@@ -78,11 +78,15 @@ def check_eval_inputs(task: str, cfg, checkpoint: str) -> None:
     model.safetensors), or a classification task asked of a model without its classifier."""
     from mplug_pretrain.data.writers.classification import TASK_LABELS
     from mplug_pretrain.models.folder.config_io import CONFIG_FILE, read_model_config
+    from mplug_pretrain.models.folder.locate import model_folder_problem
     from mplug_pretrain.models.mplug import WEIGHTS_FILE
     try:
         require_inputs(task, cfg)
     except ConfigError as err:
         raise ConfigError(f"{task}: {err}") from None
+    problem = model_folder_problem(checkpoint)
+    if problem:
+        raise ConfigError(f"--checkpoint {checkpoint}: {problem}")
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not os.path.isfile(os.path.join(checkpoint, name)):
             raise ConfigError(f"--checkpoint {checkpoint}: not a model folder (no {name}); pass a save_pretrained "

@@ -4,6 +4,7 @@ of the items (images, videos) an evaluation had to leave out."""
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 
 import torch
@@ -21,11 +22,12 @@ def load_eval_model(cfg, checkpoint: str):
     """A ``save_pretrained`` / ``mplug export`` folder -> MPLUG in eval mode on ``eval_device()``, the ViT
     re-targeted to ``eval.image_size`` when set."""
     from mplug_pretrain.models.folder.hub import resolve_model_folder
-    from mplug_pretrain.models.mplug import CONFIG_FILE, MPLUG
+    from mplug_pretrain.models.folder.locate import model_folder_problem
+    from mplug_pretrain.models.mplug import MPLUG
     checkpoint = resolve_model_folder(checkpoint)  # a Hub id: its snapshot in huggingface_hub's cache
-    if not os.path.isfile(os.path.join(checkpoint, CONFIG_FILE)):
-        raise ConfigError(f"--checkpoint {checkpoint}: not a model folder (no {CONFIG_FILE}); pass a "
-                          "save_pretrained or `mplug export` folder (e.g. a run's model/)")
+    problem = model_folder_problem(checkpoint)
+    if problem:
+        raise ConfigError(f"--checkpoint {checkpoint}: {problem}")
     model = MPLUG.from_pretrained(checkpoint, image_size=cfg.eval.image_size)
     return model.to(eval_device()).eval()
 
@@ -39,9 +41,27 @@ def eval_autocast(cfg, model):
     return autocast_context(precision, device)
 
 
-def metrics_path(cfg, task: str, out: str | None) -> str:
-    """``--out``, else ``eval.output``, else ``<run dir>/metrics_<task>.json``."""
-    return out or cfg.eval.output or os.path.join(cfg.run_dir, f"metrics_{task.replace('-', '_')}.json")
+def metrics_path(cfg, task: str, out: str | None, checkpoint: str | None = None) -> str:
+    """``--out``, else ``eval.output``, else ``<run dir>/metrics_<task>-<checkpoint label>.json`` (without a
+    checkpoint ``metrics_<task>.json``): two models evaluated with one config keep both their metrics."""
+    stem = f"metrics_{task.replace('-', '_')}" + (f"-{checkpoint_label(checkpoint)}" if checkpoint else "")
+    return out or cfg.eval.output or os.path.join(cfg.run_dir, f"{stem}.json")
+
+
+def checkpoint_label(path: str) -> str:
+    """A file-name-safe label for a model folder: ``<run>-<step tag>`` for a run's ``model/`` (or any folder
+    directly inside a run folder, one holding ``config.yaml``), the tag read from the run's
+    ``checkpoints/latest``; otherwise ``<parent>-<folder>``. ``runs/a/model`` -> ``a-step20``."""
+    from mplug_pretrain.train.checkpoint import read_latest
+
+    folder = os.path.abspath(path)
+    parent = os.path.dirname(folder)
+    if os.path.isfile(os.path.join(parent, "config.yaml")):
+        tag = read_latest(os.path.join(parent, "checkpoints"))
+        label = f"{os.path.basename(parent)}-{tag or os.path.basename(folder)}"
+    else:
+        label = f"{os.path.basename(parent)}-{os.path.basename(folder)}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", label).strip("-") or "checkpoint"
 
 
 def beside_metrics(metrics_path: str, name: str) -> str:

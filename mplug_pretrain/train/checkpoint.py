@@ -395,7 +395,10 @@ def resolve_resume(resume: str | None, ckpt_dir: str) -> tuple[str | None, list[
     if resume not in ("latest", "auto"):
         problem = tag_problem(ckpt_dir, resume)
         if problem:
-            raise CheckpointError(f"{os.path.join(ckpt_dir, resume)}: cannot resume from this tag: {problem}")
+            complete = [name for _, name in _steps_and_tags(ckpt_dir) if tag_problem(ckpt_dir, name) is None] \
+                if os.path.isdir(ckpt_dir) else []
+            raise CheckpointError(f"{os.path.join(ckpt_dir, resume)}: cannot use this tag: {problem}; complete tags "
+                                  f"here: {', '.join(complete) or 'none'}")
         return resume, []
     latest = read_latest(ckpt_dir) if os.path.isdir(ckpt_dir) else None
     if latest is None:

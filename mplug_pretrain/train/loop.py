@@ -28,7 +28,12 @@ import torch
 import torch.distributed as dist
 
 from mplug_pretrain.config import Config, config_text, save_config
-from mplug_pretrain.data.reading.decode_stats import DecodeStats, sum_over_ranks
+from mplug_pretrain.data.reading.decode_stats import (
+    ABSENT_FIELD_SKIPS,
+    DecodeStats,
+    nothing_decoded,
+    sum_over_ranks,
+)
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.train import checkpoint as ckpt
 from mplug_pretrain.train.checkpoint import TrainerState
@@ -431,6 +436,9 @@ def _train_epoch(run: _Run, loader: Iterable[dict]) -> bool:
         state.batch_in_epoch += 1
         if hasattr(loader, "stats"):
             state.data_counts = dict(before + loader.stats.counts)
+            if yielded == max(run.cfg.data.num_workers, 1):  # each worker's first batch is in
+                _refuse_undecodable(run, loader.stats.counts, f"the first {yielded} batch(es) of epoch {state.epoch}",
+                                    one_reason=True)
         result = _micro_step(run, batch)
         if result is not None and result[1]:  # an optimizer step ended
             if _finish_step(run, result[0], data_time, time.time() - step_start):
@@ -447,10 +455,24 @@ def _train_epoch(run: _Run, loader: Iterable[dict]) -> bool:
     return True
 
 
+def _refuse_undecodable(run: _Run, counts: dict[str, int], where: str, one_reason: bool = False) -> None:
+    """A run that decodes no sample trains on padding only (every loss 0) and must not exit 0. ``one_reason``:
+    only when every skip had the same absent-field reason (early batches: a first batch of corrupt samples is no
+    verdict, the run trains through it)."""
+    verdict = nothing_decoded(counts)
+    reasons = list(DecodeStats(counts).skipped)
+    if verdict is not None and (not one_reason or (len(reasons) == 1 and reasons[0] in ABSENT_FIELD_SKIPS)):
+        from mplug_pretrain.errors import DataError
+        raise DataError(f"{run.cfg.data.train_shards}: {where} decoded no sample, {verdict}: shards of "
+                        f"another kind than {run.task.name} reads?")
+
+
 def _finish(run: _Run, loader) -> dict:
     """Close the log, report corrupt samples, write the final model folder and plots (finished runs)."""
     run.log.close()
     data_counts = sum_over_ranks(run.state.data_counts)  # collective: every rank finishes here
+    if run.exit_reason == "finished":
+        _refuse_undecodable(run, data_counts, "the whole run")
     if run.rank == 0 and data_counts:
         print(DecodeStats(data_counts).log_line(), flush=True)
     if run.exit_reason == "finished":

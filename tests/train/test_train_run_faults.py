@@ -100,7 +100,7 @@ def test_damaged_newest_tag_resume_falls_back_and_ends_as_uninterrupted(finished
 
     exported = call_mplug(["export", "--checkpoint", str(run_dir), "--tag", ckpt.tag_for(STEPS),
                            "--out", str(tmp_path / "out")])
-    assert exported.returncode == 3 and f"{ckpt.tag_for(STEPS)}: cannot resume from this tag" in exported.stderr
+    assert exported.returncode == 3 and f"{ckpt.tag_for(STEPS)}: cannot use this tag" in exported.stderr
     exported = call_mplug(["export", "--checkpoint", str(run_dir), "--out", str(tmp_path / "out")])
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert f"{ckpt.tag_for(STEPS)} is damaged" in exported.stdout

@@ -1,7 +1,13 @@
-"""``mplug caption --checkpoint DIR IMAGE...``: captions for image files (the library API, model.caption)."""
+"""``mplug caption --checkpoint DIR IMAGE...``: captions for image files (the library API, model.caption).
+
+An unreadable file (empty, truncated, not an image, beyond PIL's decompression-bomb limit) does not stop the
+others: each is listed on stderr ("mplug: skipped PATH: not a readable image (...)"), the readable ones are
+captioned, and the exit code is 0; 3 when no image was readable."""
 from __future__ import annotations
 
-import os
+import sys
+
+from mplug_pretrain.errors import DataError
 
 
 def register(subparsers) -> None:
@@ -21,15 +27,10 @@ def register(subparsers) -> None:
 
 def check_model_folder(path: str) -> None:
     """``--checkpoint`` must be a model folder; a run folder is pointed to its model/."""
-    if os.path.isfile(os.path.join(path, "config.json")):
-        return
-    if os.path.isfile(os.path.join(path, "model", "config.json")):
-        raise FileNotFoundError(f"--checkpoint {path}: a run folder, not a model folder; pass {os.path.join(path, 'model')}")
-    if os.path.isdir(os.path.join(path, "checkpoints")):
-        raise FileNotFoundError(f"--checkpoint {path}: a run folder without a model/ (unfinished?); make one with "
-                                f"`mplug export --checkpoint {path} --out DIR`")
-    what = "no config.json in it" if os.path.isdir(path) else "no such folder"
-    raise FileNotFoundError(f"--checkpoint {path}: not a model folder ({what})")
+    from mplug_pretrain.models.folder.locate import model_folder_problem
+    problem = model_folder_problem(path)
+    if problem:
+        raise FileNotFoundError(f"--checkpoint {path}: {problem}")
 
 
 def run(args) -> int:
@@ -43,9 +44,16 @@ def run(args) -> int:
     overrides = {k: v for k, v in (("prompt", args.prompt), ("beam_size", args.beam_size),
                                    ("max_length", args.max_length), ("min_length", args.min_length)) if v is not None}
     settings = dataclasses.replace(settings, **overrides)
-    results = predict(args.checkpoint, args.images, settings, args.batch_size, args.tokenizer)
+    results, unreadable = predict(args.checkpoint, args.images, settings, args.batch_size, args.tokenizer)
     for path, caption in results:
         print(f"{path}\t{caption}", flush=True)
+    for message in unreadable:
+        print(f"mplug: skipped {message}", file=sys.stderr)
+    if not results:
+        raise DataError(f"none of the {len(unreadable)} image(s) could be read")
     if args.out:
         write_caption_results({image_id_from_path(p): c for p, c in results}, args.out)
+    if unreadable:
+        print(f"mplug: captioned {len(results)} of {len(results) + len(unreadable)} images; "
+              f"{len(unreadable)} unreadable (listed above)", file=sys.stderr)
     return 0

@@ -122,6 +122,7 @@ def run_vqa(args) -> int:
     from mplug_pretrain.data.writers.vqa import write_vqa_shards
     return _report(args, write_vqa_shards(args.questions, args.images, args.out, annotations=args.annotations,
                                           answer_list=args.answer_list, image_pattern=args.image_pattern,
+                                          image_info=args.image_info,
                                           name=args.name, max_image_side=args.max_image_side,
                                           skip_missing=args.skip_missing, **_sizes(args)))
 
@@ -129,7 +130,8 @@ def run_vqa(args) -> int:
 def run_video(args) -> int:
     from mplug_pretrain.data.writers.video import write_video_shards
     return _report(args, write_video_shards(args.videos, args.out, annotations=args.annotations,
-                                            video_key=args.video_key, name=args.name, skip_missing=args.skip_missing,
+                                            video_key=args.video_key, caption_key=args.caption_key, name=args.name,
+                                            skip_missing=args.skip_missing,
                                             **_sizes(args)))
 
 
@@ -178,6 +180,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--annotations", default=None, help="VQA annotations JSON (absent for test splits)")
     p.add_argument("--images", default=None, help="image folder (ids from trailing digits of file names)")
     p.add_argument("--image-pattern", default=None, help="e.g. COCO_val2014_{image_id:012d}.jpg")
+    p.add_argument("--image-info", default=None, help="image id -> file name: a COCO-style JSON with an images "
+                                                      "list (id, file_name) or {image_id: file name}")
     p.add_argument("--answer-list", default=None, help="answer list (JSON list or one per line) to store beside")
     p.add_argument("--easy-vqa", action="store_true", help="convert the easy-vqa package's data set instead")
     p.add_argument("--split", default=None, help="easy-vqa split: train or test")
@@ -221,7 +225,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--videos", required=True)
     p.add_argument("--annotations", default=None, help="JSON/JSONL records or {video: [captions]}")
     p.add_argument("--video-key", default=None, help="record field naming the video (default: video, "
-                                                      "clip_name, video_id or vid)")
+                                                      "clip_name, video_id, videoID or vid)")
+    p.add_argument("--caption-key", default=None, help="record field holding the caption(s) (default: caption, "
+                                                        "captions or enCap, VATEX's English captions)")
     p.add_argument("--skip-missing", action="store_true")
     p.set_defaults(func=run_video)
     return parser

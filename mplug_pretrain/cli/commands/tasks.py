@@ -3,10 +3,13 @@ sub-command per task of the registry (FINETUNE_TASKS, EVAL_TASKS); each task mod
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 from mplug_pretrain.cli.parsing import IntermixedParser, add_config_args, load_config_from_args
 from mplug_pretrain.cli.registry import EVAL_TASKS, FINETUNE_TASKS
 from mplug_pretrain.config import use_folder_tokenizer
+from mplug_pretrain.utils.process_group import is_distributed, rank
 
 
 def register_finetune(sub) -> None:
@@ -39,12 +42,23 @@ def run_finetune(args) -> int:
     cfg = load_config_from_args(args)
     result = FINETUNE_TASKS[args.task]().run(cfg, resume=args.resume)
     print(json.dumps(result.get("metrics", {}), indent=2))
+    if result.get("model_dir") and first_rank():  # the folder `mplug eval` / `mplug caption` take
+        print(f"[finetune] final model: {result['model_dir']}", file=sys.stderr, flush=True)
     return 0
 
 
 def run_eval(args) -> int:
     cfg = load_config_from_args(args, check_paths="eval")  # the training shards need not exist to evaluate
     use_folder_tokenizer(cfg, args.checkpoint)
-    metrics = EVAL_TASKS[args.task]().run(cfg, checkpoint=args.checkpoint, out=args.out)
-    print(json.dumps(metrics, indent=2))
+    from mplug_pretrain.tasks.evaluation import metrics_path
+    out = metrics_path(cfg, args.task, args.out, args.checkpoint)
+    metrics = EVAL_TASKS[args.task]().run(cfg, checkpoint=args.checkpoint, out=out)
+    if first_rank():  # under torchrun every rank returns the metrics; one prints them
+        print(json.dumps(metrics, indent=2))
+        print(f"[eval] metrics written to {out}", file=sys.stderr, flush=True)
     return 0
+
+
+def first_rank() -> bool:
+    """Rank 0 of the job: of the process group while it exists, else of the launcher's RANK."""
+    return rank() == 0 if is_distributed() else os.environ.get("RANK", "0") == "0"

@@ -92,6 +92,24 @@ def dataset_entry(shard_url: str) -> dict | None:
     return None
 
 
+def listed_kinds(shard_urls: list[str]) -> dict[str, str]:
+    """{url: kind} of the local shards whose folder's manifest lists them (each manifest read once)."""
+    kinds: dict[str, str] = {}
+    by_folder: dict[str, dict[str, str]] = {}
+    for url in shard_urls:
+        path = local_path(url)
+        if path is None:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if folder not in by_folder:
+            by_folder[folder] = {s["file"]: entry.get("kind") for entry in read_manifest(folder)["datasets"].values()
+                                 for s in entry["shards"]}
+        kind = by_folder[folder].get(os.path.basename(path))
+        if kind is not None:
+            kinds[url] = kind
+    return kinds
+
+
 def shard_sample_counts(shard_urls: list[str]) -> list[int]:
     """Samples per shard: from ``manifest.json`` beside each shard, else by listing the tar."""
     counts = []
@@ -112,6 +130,18 @@ def shard_sample_counts(shard_urls: list[str]) -> list[int]:
             stats = img2dataset_count(path)
             counts.append(stats if stats is not None else count_tar_samples(path))
     return counts
+
+
+def count_source(shard_url: str) -> str:
+    """The file ``shard_sample_counts`` took a local shard's count from: the folder's manifest.json when it lists
+    the shard, else img2dataset's ``NNNNN_stats.json``, else the tar itself."""
+    path = local_path(shard_url) or shard_url
+    folder = os.path.dirname(os.path.abspath(path))
+    mpath = manifest_path(folder)
+    if os.path.exists(mpath) and os.path.basename(path) in _manifest_counts(folder, os.path.getmtime(mpath)):
+        return mpath
+    stats = os.path.splitext(path)[0] + "_stats.json"
+    return stats if os.path.isfile(stats) else path
 
 
 def img2dataset_count(path: str) -> int | None:

@@ -43,9 +43,10 @@ INT64_MAX = 2**63 - 1
 
 
 def image_id_of(meta: dict, sample: dict) -> int:
-    """json ``image_id`` when it is an integer (or ASCII digits); otherwise a stable 62-bit id of the text/key.
-    An integer outside int64 (it could not go into the batch's long tensor) raises ``bad_image_id``."""
-    value = meta.get("image_id")
+    """json ``image_id`` when it is an integer (or ASCII digits), else img2dataset's json ``key`` ("000010005" ->
+    10005); otherwise a stable 62-bit id of the text/key. An integer outside int64 (it could not go into the
+    batch's long tensor) raises ``bad_image_id``."""
+    value = meta.get("image_id", meta.get("key"))
     if isinstance(value, str) and value.isascii() and value.isdigit():  # "²".isdigit() is True, int("²") fails
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -65,6 +66,8 @@ def json_list(meta: dict, key: str) -> list:
 
 
 class ImageTextFormat:
+    shard_kinds = ("image-text",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
+
     def __init__(self, transform, tokenizer, max_text_len: int, image_size: int):
         self.transform, self.tokenizer = transform, tokenizer
         self.max_text_len, self.image_size = max_text_len, image_size
@@ -96,6 +99,8 @@ def answer_targets(answers: list[str]) -> tuple[list[str], list[float]]:
 
 
 class VQAFormat:
+    shard_kinds = ("vqa",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
+
     def __init__(self, transform, tokenizer, max_text_len: int, image_size: int):
         self.transform, self.tokenizer = transform, tokenizer
         self.max_text_len, self.image_size = max_text_len, image_size
@@ -127,6 +132,8 @@ class VQAFormat:
 
 
 class CaptionEvalFormat:
+    shard_kinds = ("image-text",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
+
     def __init__(self, transform, image_size: int):
         self.transform, self.image_size = transform, image_size
 
@@ -151,6 +158,8 @@ class CaptionEvalFormat:
 
 
 class VideoFormat:
+    shard_kinds = ("video",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
+
     def __init__(self, num_frames: int | None = None, frame_mode: str = "uniform", transform=None,
                  image_size: int | None = None, backend: str = "auto"):
         if num_frames is not None and (transform is None or image_size is None):

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections import Counter
 
 NOT_SKIPS = ("decoded", "padded")
+SHARD_EVENTS = ("truncated_tar", "bad_tar")  # counted per shard; the samples a break lost are missing_samples
 KINDS = ("decoded", "padded", "truncated_tar", "bad_tar", "missing_samples", "missing_image", "empty_image",
          "corrupt_image", "missing_caption", "bad_caption_encoding", "missing_question", "bad_question_encoding",
          "bad_json", "bad_image_id", "missing_video", "corrupt_video", "decode_error", "collate_error", "other")
@@ -40,6 +41,21 @@ def sum_over_ranks(counts: dict[str, int]) -> dict[str, int]:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         vector = t.tolist()
     return {kind: n for kind, n in zip(KINDS, vector) if n}
+
+
+# A field the format reads is absent: what every sample of another kind of shards gives (VQA shards read for
+# captions: missing_caption; video shards read for images: missing_image), unlike corrupt or truncated data.
+ABSENT_FIELD_SKIPS = ("missing_image", "missing_caption", "missing_question", "missing_video")
+
+
+def nothing_decoded(counts: dict[str, int]) -> str | None:
+    """When samples were read but none decoded: "N skipped (reason=n, ...)", the wording of the refusal a run
+    gives (shards of another kind skip every sample for one reason, e.g. VQA shards ``missing_caption``); else
+    None."""
+    stats = DecodeStats(counts)
+    if stats.counts["decoded"] or not stats.total_skipped:
+        return None
+    return f"{stats.total_skipped} skipped ({', '.join(f'{k}={v}' for k, v in stats.skipped.items())})"
 
 
 class DecodeStats:
@@ -68,12 +84,19 @@ class DecodeStats:
     @property
     def total_skipped(self) -> int:
         """Skipped samples: per-sample reasons plus ``missing_samples`` (tar-level events excluded)."""
-        return sum(v for k, v in self.skipped.items() if k not in ("truncated_tar", "bad_tar"))
+        return sum(v for k, v in self.skipped.items() if k not in SHARD_EVENTS)
 
     def log_line(self) -> str:
-        reasons = ", ".join(f"{k}={v}" for k, v in self.skipped.items()) or "none"
-        return (f"[data] decoded {self.counts['decoded']}, skipped {self.total_skipped} "
+        """"[data] decoded D, skipped S (reason=n, ...), padded P" with S the sum of the per-sample reasons; shards
+        that broke off are counted apart (they are shards, not samples): "; shards broken off: truncated_tar=n"."""
+        samples = {k: v for k, v in self.skipped.items() if k not in SHARD_EVENTS}
+        shards = {k: v for k, v in self.skipped.items() if k in SHARD_EVENTS}
+        reasons = ", ".join(f"{k}={v}" for k, v in samples.items()) or "none"
+        line = (f"[data] decoded {self.counts['decoded']}, skipped {self.total_skipped} "
                 f"({reasons}), padded {self.counts['padded']}")
+        if shards:
+            line += "; shards broken off: " + ", ".join(f"{k}={v}" for k, v in shards.items())
+        return line
 
     def as_dict(self) -> dict[str, int]:
         return dict(sorted(self.counts.items()))

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from mplug_pretrain.data.reading.decode_stats import DecodeStats
 from mplug_pretrain.data.reading.epoch_plan import derive_seed
-from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.utils.parent_death import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,26 @@ def leave_stop_signals_to_main(worker_id: int | None = None) -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     die_with_parent(signal.SIGKILL)
+
+
+def worker_message(err: Exception) -> str:
+    """The message a worker raised, without the "Caught DataError in DataLoader worker process 0. Original
+    Traceback ..." text torch wraps it in (its last line is "module.DataError: message")."""
+    text = str(err)
+    if not text.startswith("Caught ") or "DataLoader worker" not in text.split("\n", 1)[0]:
+        return text
+    last = text.rstrip().rsplit("\n", 1)[-1]
+    return last.removeprefix(f"{type(err).__module__}.{type(err).__qualname__}: ")
+
+
+def _stop_workers(batches) -> None:
+    """Join a DataLoader iterator's workers now, on the error path. The exception's traceback holds the iterator,
+    so it is collected only at interpreter exit, when torch no longer shuts its workers down and multiprocessing
+    SIGTERMs them (which ``leave_stop_signals_to_main`` ignores) and waits for ever; a worker that raised a
+    DataError hung the run. Shutting down here tells the workers to exit and joins them."""
+    shutdown = getattr(batches, "_shutdown_workers", None)  # torch's own clean shutdown (no public close())
+    if shutdown is not None:
+        shutdown()
 
 
 class ShardLoader:
@@ -71,9 +91,16 @@ class ShardLoader:
         spec = self.stream.spec
         loader = DataLoader(self.stream, batch_size=None, num_workers=spec.num_workers, pin_memory=spec.pin_memory,
                             persistent_workers=False, generator=base_seed, worker_init_fn=leave_stop_signals_to_main)
-        for batch in loader:
-            self.stats.merge(batch.pop("__stats__"))
-            yield batch
+        batches = iter(loader)
+        try:
+            for batch in batches:
+                self.stats.merge(batch.pop("__stats__"))
+                yield batch
+        except Exception as err:
+            _stop_workers(batches)
+            if isinstance(err, (ConfigError, DataError)):
+                raise type(err)(worker_message(err)) from None
+            raise
         log.info(self.log_line())
 
     def log_line(self) -> str:

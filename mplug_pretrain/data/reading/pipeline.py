@@ -29,7 +29,13 @@ from functools import partial
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
-from mplug_pretrain.data.formats.manifest import dataset_entry, local_path, shard_sample_counts
+from mplug_pretrain.data.formats.manifest import (
+    dataset_entry,
+    listed_kinds,
+    local_path,
+    manifest_path,
+    shard_sample_counts,
+)
 from mplug_pretrain.data.formats.samples import CaptionEvalFormat, ImageTextFormat, VideoFormat, VQAFormat
 from mplug_pretrain.data.reading.decode_stats import DecodeStats
 from mplug_pretrain.data.reading.epoch_plan import (
@@ -136,12 +142,26 @@ def _check_local_shards(shards: list[str]) -> None:
         raise DataError(f"{len(missing)} of {len(shards)} shard file(s) do not exist, e.g. {missing[0]}")
 
 
+def check_shard_kind(shards: list[str], fmt) -> None:
+    """Refuse shards whose manifest records another kind than the format reads (``fmt.shard_kinds``): VQA shards
+    given to pretraining decoded nothing (every sample ``missing_caption``) and the run still exited 0."""
+    wanted = getattr(fmt, "shard_kinds", None)
+    if not wanted:
+        return
+    for url, kind in listed_kinds(shards).items():
+        if kind not in wanted:
+            folder = os.path.dirname(os.path.abspath(local_path(url)))
+            raise DataError(f"{url}: {manifest_path(folder)} lists it as {kind!r} shards; this command reads "
+                            f"{' or '.join(repr(k) for k in wanted)} shards (see `mplug make-shards --help`)")
+
+
 def build_loader(spec: LoaderSpec, fmt, answer_list: list[str] | None = None) -> ShardLoader:
     """Any sample format; the public builders below make the format from sizes and a tokenizer."""
     rank, world_size = _rank_and_world_size(spec.rank, spec.world_size)
     sources = expand_sources(spec.urls, spec.weights)
     shards = all_shards(sources)
     _check_local_shards(shards)
+    check_shard_kind(shards, fmt)
     plan = None
     if spec.mode == "exact":
         plan = ExactPlan(shards, shard_sample_counts(shards), world_size=world_size, workers=spec.workers,

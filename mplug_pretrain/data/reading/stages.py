@@ -8,6 +8,7 @@ that is filled with an ``is_pad`` repeat, so skipping raw samples to resume need
 from __future__ import annotations
 
 import logging
+import os
 import random
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
@@ -17,6 +18,7 @@ import numpy as np
 import webdataset as wds
 
 from mplug_pretrain.data.formats.image_decode import SampleError
+from mplug_pretrain.data.formats.manifest import count_source
 from mplug_pretrain.data.reading.decode_stats import DecodeStats
 from mplug_pretrain.errors import DataError
 
@@ -50,8 +52,9 @@ def tar_samples(urls: Iterator[dict], *, stats: DecodeStats, expected: dict[str,
         for sample in wds.tarfile_samples([{"url": url}], handler=partial(_record_and_continue, errors)):
             read += 1
             if expected is not None and read > expected[url]:
-                raise DataError(f"{url}: holds more samples than the {expected[url]} its manifest lists; "
-                                "rewrite manifest.json (or delete it to count the tars)")
+                source = count_source(url)
+                raise DataError(f"{url}: holds more samples than the {expected[url]} {source} lists; "
+                                f"correct {os.path.basename(source)} (or delete it to count the tars)")
             yield sample
         if errors and count_shard_errors:
             kind = "truncated_tar" if any(isinstance(e, (tarfile.ReadError, EOFError)) for e in errors) else "bad_tar"

@@ -28,6 +28,7 @@ class CaptionedImage:
     path: str
     captions: list[str] = field(default_factory=list)
     caption_ids: list = field(default_factory=list)
+    origin: str = ""  # where the image is named, for messages ("table.csv: row 3"); default "image ID"
 
 
 def load_caption_json(annotations: str, image_root: str, split: str | list[str] | None = None) -> list[CaptionedImage]:
@@ -93,7 +94,8 @@ def write_captioned_images(images: list[CaptionedImage], out: str, *, name: str,
         for img in images:
             if not os.path.exists(img.path):
                 if not skip_missing:
-                    raise DataError(f"image {img.image_id}: file not found: {img.path} (skip with --skip-missing)")
+                    raise DataError(f"{img.origin or f'image {img.image_id}'}: file not found: {img.path} "
+                                    "(skip with --skip-missing)")
                 missing += 1
                 continue
             data, ext = read_image_file(img.path, max_image_side)

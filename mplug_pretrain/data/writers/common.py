@@ -54,10 +54,11 @@ def index_images_by_id(folder: str) -> dict[int, str]:
             path = os.path.join(root, fname)
             if image_id in index:
                 raise DataError(f"{folder}: image id {image_id} matches both {index[image_id]} and {path}; "
-                                "pass an explicit image pattern")
+                                "name the files with --image-info (a COCO-style images list) or --image-pattern")
             index[image_id] = path
     if not index:
-        raise DataError(f"{folder}: no image files with a numeric id in their name")
+        raise DataError(f"{folder}: no image files with a numeric id in their name; name the files with "
+                        "--image-info (a COCO-style images list) or --image-pattern")
     return index
 
 

@@ -9,6 +9,7 @@ The separator follows the suffix (``.tsv`` tab, ``.csv`` comma, ``.jsonl`` JSON 
 from __future__ import annotations
 
 import csv
+import io
 import os
 
 from mplug_pretrain.data.writers.coco import CaptionedImage, write_captioned_images
@@ -17,11 +18,29 @@ from mplug_pretrain.errors import DataError
 
 
 def read_table(path: str, sep: str | None = None) -> list[dict]:
+    """Rows as {column: value}. A row with more or fewer fields than the header (an unquoted separator in a
+    caption) is refused with its line number rather than cut short; a file that is not UTF-8 is one DataError."""
     if path.endswith(".jsonl") and sep is None:
         return load_records(path)
     delimiter = sep if sep is not None else ("\t" if path.endswith(".tsv") else ",")
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f, delimiter=delimiter))
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise DataError(f"{path}: line {line}: not UTF-8 text (byte {raw[err.start]:#04x}); save the table as "
+                        "UTF-8, e.g. `iconv -f latin1 -t utf-8 IN > OUT`") from err
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter)
+    rows = []
+    for row in reader:
+        if None in row or None in row.values():
+            fields = len(reader.fieldnames) + len(row.get(None, [])) - sum(v is None for v in row.values())
+            raise DataError(f"{path}: row {reader.line_num}: {fields} fields where the header has "
+                            f"{len(reader.fieldnames)} ({delimiter.join(reader.fieldnames)}); quote a value that "
+                            f"holds {delimiter!r} (\"an orange, sliced\")")
+        rows.append(row)
+    return rows
 
 
 def group_rows(rows: list[dict], table: str, *, image_column: str, caption_column: str, id_column: str | None,
@@ -42,7 +61,7 @@ def group_rows(rows: list[dict], table: str, *, image_column: str, caption_colum
                 image_id = int(row[id_column]) if id_column else len(by_path)
             except (TypeError, ValueError) as err:
                 raise DataError(f"{table}: row {line}: {id_column!r} is not an integer: {row[id_column]!r}") from err
-            by_path[path] = CaptionedImage(image_id, path)
+            by_path[path] = CaptionedImage(image_id, path, origin=f"{table}: row {line}")
         entry = by_path[path]
         entry.captions.append(caption)
         entry.caption_ids.append(line)

@@ -2,9 +2,11 @@
 file bytes (``KEY.mp4`` / ``KEY.avi`` / ...), ``KEY.txt`` (first caption) and ``KEY.json``.
 
 Annotations: a JSON list, JSON Lines, or an object ``{video: [captions]}``. Each record names its
-video under ``video_key`` (default: the first of video, clip_name, video_id, vid) and carries
-``caption`` (str or list), ``captions``, ``question`` + ``answer``, or ``qa`` [{question, answer}];
-records of one video are merged (MSRVTT-QA has one record per question). A video reference is a
+video under ``video_key`` (default: the first of video, clip_name, video_id, videoID, vid) and carries
+captions under ``caption_key`` (default: the first of caption, captions, enCap (VATEX); a str or a list),
+``question`` + ``answer``, or ``qa`` [{question, answer}]; records of one video are merged (MSRVTT-QA has one
+record per question). Annotations in which no record has a caption or a question are refused (the field is
+named otherwise: give ``--caption-key``). A video reference is a
 file name relative to the folder, with or without its extension. Without annotations every video
 file in the folder is written with no text. json: video_id (the reference), video (file name),
 captions, qa.
@@ -18,7 +20,8 @@ from mplug_pretrain.data.writers.shard_writer import ShardWriter, created_by
 from mplug_pretrain.errors import DataError
 
 VIDEO_EXTS = (".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v")
-VIDEO_KEYS = ("video", "clip_name", "video_id", "vid")
+VIDEO_KEYS = ("video", "clip_name", "video_id", "videoID", "vid")
+CAPTION_KEYS = ("caption", "captions", "enCap")
 
 
 def find_video(root: str, ref: str) -> str | None:
@@ -40,27 +43,37 @@ def _records(annotations: str) -> list[dict]:
     return data
 
 
-def group_annotations(annotations: str, video_key: str | None = None) -> dict[str, dict]:
+def group_annotations(annotations: str, video_key: str | None = None,
+                      caption_key: str | None = None) -> dict[str, dict]:
     """{video reference: {"captions": [...], "qa": [...]}} in first-appearance order."""
     grouped: dict[str, dict] = {}
-    for i, record in enumerate(_records(annotations)):
+    records = _records(annotations)
+    for i, record in enumerate(records):
         key = video_key or next((k for k in VIDEO_KEYS if k in record), None)
         if key is None or key not in record:
             raise DataError(f"{annotations}: record {i} names no video (looked for {video_key or VIDEO_KEYS})")
         entry = grouped.setdefault(str(record[key]), {"captions": [], "qa": []})
-        caption = record.get("caption", record.get("captions"))
+        if caption_key is not None and caption_key not in record and "question" not in record:
+            raise DataError(f"{annotations}: record {i} has no {caption_key!r} (--caption-key); its fields: "
+                            f"{sorted(record)}")
+        field = caption_key or next((k for k in CAPTION_KEYS if k in record), None)
+        caption = record.get(field) if field else None
         entry["captions"] += caption if isinstance(caption, list) else ([caption] if caption else [])
         if "question" in record:
             entry["qa"].append({"question": record["question"], "answer": record.get("answer")})
         entry["qa"] += list(record.get("qa", []))
+    if records and not any(e["captions"] or e["qa"] for e in grouped.values()):
+        raise DataError(f"{annotations}: no record has a caption (looked for {caption_key or CAPTION_KEYS}) or a "
+                        f"question; name the caption field with --caption-key (fields of record 0: "
+                        f"{sorted(records[0]) if isinstance(records[0], dict) else type(records[0]).__name__})")
     return grouped
 
 
 def write_video_shards(video_root: str, out: str, *, annotations: str | None = None, video_key: str | None = None,
-                       name: str = "video", skip_missing: bool = False, max_samples: int = 200,
+                       caption_key: str | None = None, name: str = "video", skip_missing: bool = False, max_samples: int = 200,
                        max_bytes: int | None = None, overwrite: bool = False) -> dict:
     if annotations is not None:
-        grouped = group_annotations(annotations, video_key)
+        grouped = group_annotations(annotations, video_key, caption_key)
     else:
         files = sorted(f for f in os.listdir(video_root) if os.path.splitext(f)[1].lower() in VIDEO_EXTS)
         if not files:

@@ -3,8 +3,10 @@
 Inputs: questions JSON (``{"questions": [{question_id, image_id, question}]}`` or a plain list),
 optional annotations JSON (``{"annotations": [{question_id, answers: [{answer, answer_confidence,
 answer_id}] x 10, multiple_choice_answer, question_type, answer_type}]}``; test splits have none),
-an image folder (images found by the trailing digits of their names, or ``image_pattern`` such as
-``COCO_val2014_{image_id:012d}.jpg``) and optionally an answer list (JSON list or one per line)
+an image folder (images found by ``image_info``: a COCO-style JSON whose ``images`` list maps ``id`` to
+``file_name`` (e.g. ``captions_val2014.json``, as ``make-shards coco`` reads it) or an object {image_id: file
+name}; else by ``image_pattern`` such as ``COCO_val2014_{image_id:012d}.jpg``; else by the trailing digits of
+the file names) and optionally an answer list (JSON list or one per line)
 copied beside the shards as ``NAME_answer_list.json`` and named in the manifest.
 
 Sample: ``KEY.jpg`` + ``KEY.json`` with question_id, question, image_id, answers (as given),
@@ -96,12 +98,29 @@ def load_vqa_questions(questions: str, annotations: str | None) -> list[dict]:
     return out
 
 
+def image_file_names(path: str) -> dict[int, str]:
+    """{image id: file name} from a COCO-style ``{"images": [{"id", "file_name"}]}`` or a ``{id: file name}``
+    object."""
+    data = load_json(path)
+    try:
+        if isinstance(data, dict) and isinstance(data.get("images"), list):
+            return {int(img["id"]): str(img["file_name"]) for img in data["images"]}
+        if isinstance(data, dict):
+            return {int(k): str(v) for k, v in data.items()}
+    except (KeyError, TypeError, ValueError) as err:
+        raise DataError(f"{path}: an image without an integer id or a file_name ({err})") from err
+    raise DataError(f"{path}: expected {{'images': [{{id, file_name}}]}} (COCO) or {{image_id: file name}}")
+
+
 def write_vqa_shards(questions: str, image_root: str, out: str, *, annotations: str | None = None,
-                     answer_list: str | None = None, image_pattern: str | None = None, name: str = "vqa",
+                     answer_list: str | None = None, image_pattern: str | None = None,
+                     image_info: str | None = None, name: str = "vqa",
                      max_image_side: int | None = None, skip_missing: bool = False, max_samples: int = 1000,
                      max_bytes: int | None = None, overwrite: bool = False) -> dict:
     records = load_vqa_questions(questions, annotations)
-    if image_pattern is not None:
+    if image_info is not None:
+        image_paths = {i: os.path.join(image_root, name) for i, name in image_file_names(image_info).items()}
+    elif image_pattern is not None:
         image_paths = {r["image_id"]: os.path.join(image_root, image_pattern.format(image_id=r["image_id"]))
                        for r in records}
     else:

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mplug_pretrain.errors import DataError
+from mplug_pretrain.errors import ConfigError, DataError
 
 OFFICIAL_HEADS = 8
 OFFICIAL_ENCODER_GROUP = (32, 64, 128, 256, 512)
@@ -131,11 +131,11 @@ def convert_expansionnet(official: dict[str, torch.Tensor], heads: int = OFFICIA
         parts[part][ours] = -value.clone() if _NEGATED.search(ours) else value.clone()
     dec, ref = parts["decoder"], parts["refiner"]
     if "embedding.token.weight" not in dec or "layers.0.expansion.query_vectors" not in dec:
-        raise ValueError("official checkpoint: decoder embedding or layer 0 missing (out_embedder / decoders.0)")
+        raise DataError("official checkpoint: decoder embedding or layer 0 missing (out_embedder / decoders.0)")
     vocab, width = dec["embedding.token.weight"].shape
     dec_layers = 1 + max(int(k.split(".")[1]) for k in dec if k.startswith("layers."))
-    if width % heads:
-        raise ValueError(f"heads: width {width} not divisible by {heads}")
+    if heads < 1 or width % heads:
+        raise ConfigError(f"--heads {heads}: the checkpoint's width {width} is not divisible by it")
     decoder_config = {"type": "expansion", "layers": dec_layers, "heads": heads,
                       "ffn_dim": dec["layers.0.ffn.0.weight"].shape[0],
                       "expansion_slots": dec["layers.0.expansion.query_vectors"].shape[0],
@@ -145,8 +145,8 @@ def convert_expansionnet(official: dict[str, torch.Tensor], heads: int = OFFICIA
     if ref:
         slots = ref["layers.0.expansion.query_vectors"].shape[0]
         if sum(encoder_group) != slots:
-            raise ValueError(f"encoder_group {tuple(encoder_group)}: sums to {sum(encoder_group)}, the checkpoint's "
-                             f"static expansion has {slots} query vectors")
+            raise ConfigError(f"--encoder-group {','.join(map(str, encoder_group))}: sums to {sum(encoder_group)}, the "
+                              f"checkpoint's static expansion has {slots} query vectors")
         refiner_config = {"type": "static_expansion",
                           "layers": 1 + max(int(k.split(".")[1]) for k in ref if k.startswith("layers.")),
                           "expansion_slots": slots, "expansion_group": list(encoder_group),
@@ -172,3 +172,17 @@ def write_conversion(result: ExpansionNetConversion, out_dir: str | Path) -> Pat
     summary = {k: v for k, v in asdict(result).items() if k not in ("decoder", "refiner")}
     (out / "expansionnet_conversion.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out
+
+
+def read_conversion(out_dir: str | Path) -> ExpansionNetConversion:
+    """What ``write_conversion`` wrote (``mplug convert expansionnet --out DIR``), for ``expansionnet_check``'s
+    ``build_decoder`` / ``build_refiner``: the modules around the converted weights."""
+    out = Path(out_dir)
+    summary_path = out / "expansionnet_conversion.json"
+    if not summary_path.is_file():
+        raise DataError(f"{out}: no expansionnet_conversion.json (not a `mplug convert expansionnet` output folder)")
+    summary = json.loads(summary_path.read_text())
+    refiner = torch.load(out / "refiner.pt", weights_only=True) if (out / "refiner.pt").is_file() else {}
+    return ExpansionNetConversion(torch.load(out / "decoder.pt", weights_only=True), refiner,
+                                  summary["decoder_config"], summary["refiner_config"], summary.get("ignored", {}),
+                                  summary.get("unknown", []))

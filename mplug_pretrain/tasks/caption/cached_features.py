@@ -84,6 +84,8 @@ class CachedCaptionFormat:
     A sample whose image is not in the cache (e.g. it was corrupt at caching time) is skipped and counted
     as ``missing_features``."""
 
+    shard_kinds = ("image-text",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
+
     def __init__(self, cache: FeatureCache, tokenizer, max_text_len: int, text_fn: Callable[[str], str]):
         self.cache, self.tokenizer, self.max_text_len, self.text_fn = cache, tokenizer, max_text_len, text_fn
 

@@ -42,18 +42,21 @@ def image_id_from_path(path: str) -> int | str:
 
 
 def load_image(path: str, transform) -> torch.Tensor:
+    """The eval-transformed image; ValueError "PATH: not a readable image (why)" for an empty, truncated or
+    non-image file, and for one larger than PIL's decompression-bomb limit."""
     from PIL import Image
 
     from mplug_pretrain.data.formats.image_decode import to_rgb
     try:
         with Image.open(path) as image:
             return transform(to_rgb(image))
-    except OSError as err:
-        raise ValueError(f"{path}: not a readable image ({err})") from err
+    except Exception as err:  # PIL raises OSError, DecompressionBombError, SyntaxError, ValueError...
+        raise ValueError(f"{path}: not a readable image ({type(err).__name__}: {err})") from err
 
 
 def predict(checkpoint: str, paths: list[str], settings, batch_size: int = 16, tokenizer_path: str | None = None):
-    """-> [(file, caption)] for every image file of ``paths`` (the library API: model.caption)."""
+    """-> ([(file, caption)] for every readable image file of ``paths`` (the library API: model.caption),
+    [message] for each unreadable one)."""
     from mplug_pretrain.data.tokenizer import load_tokenizer
     from mplug_pretrain.factory import create_model_and_transforms
     from mplug_pretrain.utils.process_group import device
@@ -62,9 +65,14 @@ def predict(checkpoint: str, paths: list[str], settings, batch_size: int = 16, t
     if tokenizer_path:
         tokenizer = load_tokenizer(tokenizer_path)
         model.attach_inference(tokenizer, transform, model.inference_max_text_len, settings)
-    results = []
-    for start in range(0, len(files), batch_size):
-        chunk = files[start:start + batch_size]
-        images = torch.stack([load_image(f, transform) for f in chunk])
-        results.extend(zip(chunk, model.caption(images, **vars(settings))))
-    return results
+    results, unreadable, batch = [], [], []
+    for i, path in enumerate(files):
+        try:
+            batch.append((path, load_image(path, transform)))
+        except ValueError as err:
+            unreadable.append(str(err))
+        if batch and (len(batch) == batch_size or i == len(files) - 1):
+            captions = model.caption(torch.stack([image for _, image in batch]), **vars(settings))
+            results.extend(zip([path for path, _ in batch], captions))
+            batch = []
+    return results, unreadable

@@ -47,6 +47,8 @@ def side_image(sample: dict, side: str) -> bytes | None:
 
 
 class ClassificationFormat:
+    shard_kinds = ("classification",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
+
     def __init__(self, transform, tokenizer, max_text_len: int, image_size: int, labels: tuple[str, ...],
                  images: int = 1):
         if images not in (1, 2):

@@ -44,6 +44,8 @@ def normalised_box(meta: dict) -> torch.Tensor:
 
 
 class GroundingFormat:
+    shard_kinds = ("grounding",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
+
     def __init__(self, tokenizer, max_text_len: int, image_size: int):
         self.tokenizer, self.max_text_len, self.image_size = tokenizer, max_text_len, image_size
         self.transform = grounding_transform(image_size)

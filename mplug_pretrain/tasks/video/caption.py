@@ -30,7 +30,12 @@ from mplug_pretrain.tasks.evaluation import (
     metrics_path,
     write_metrics,
 )
-from mplug_pretrain.tasks.video.encoding import encoded_batches, frame_spec, video_record_batches
+from mplug_pretrain.tasks.video.encoding import (
+    encoded_batches,
+    frame_spec,
+    nothing_evaluated,
+    video_record_batches,
+)
 from mplug_pretrain.tasks.video.retrieval import read_caption_annotations
 
 log = logging.getLogger(__name__)
@@ -73,7 +78,7 @@ def run(cfg, checkpoint: str, out: str | None = None) -> dict:
                                   frame_spec(cfg, model), skipped)
         predictions, references = caption_videos(model, load_tokenizer(cfg.data.tokenizer), cfg, encoded)
     if not predictions:
-        raise DataError(f"no video could be captioned ({skipped.total} skipped: {dict(skipped.reasons)})")
+        raise nothing_evaluated("no video could be captioned", cfg, skipped)
     path = metrics_path(cfg, "video-caption", out)
     predictions_path = beside_metrics(path, "video_caption_predictions.json")
     write_caption_results(predictions, predictions_path)

@@ -24,7 +24,7 @@ from PIL import Image
 
 from mplug_pretrain.data.formats.video_frames import VideoDecodeError, decode_frames
 from mplug_pretrain.data.writers.video import find_video
-from mplug_pretrain.errors import ConfigError
+from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.tasks.evaluation import SkipReport
 
 
@@ -73,6 +73,18 @@ def file_records(entries: Iterable[tuple[str, list[str], list[dict]]], video_roo
             continue
         records.append(VideoRecord(ref, path, captions, qa))
     return records
+
+
+def nothing_evaluated(what: str, cfg, skipped: SkipReport) -> DataError:
+    """The error when no video could be used: the counts, the first example (the path tried) and, when files were
+    missing, the fields that name them."""
+    message = f"{what} ({skipped.total} videos skipped: {dict(skipped.reasons)})"
+    if skipped.examples:
+        message += f"; e.g. {skipped.examples[0]}"
+    if skipped.reasons.get("missing_video") and cfg.eval.annotations is not None:
+        message += (f"; the file names come from eval.video_name_format {cfg.eval.video_name_format!r} under "
+                    f"eval.video_root {cfg.eval.video_root}")
+    return DataError(message)
 
 
 def video_record_batches(cfg, read_annotations, skipped: SkipReport):

@@ -35,7 +35,12 @@ from mplug_pretrain.tasks.evaluation import (
     metrics_path,
     write_metrics,
 )
-from mplug_pretrain.tasks.video.encoding import encoded_batches, frame_spec, video_record_batches
+from mplug_pretrain.tasks.video.encoding import (
+    encoded_batches,
+    frame_spec,
+    nothing_evaluated,
+    video_record_batches,
+)
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +183,7 @@ def run(cfg, checkpoint: str, out: str | None = None) -> dict:
         encoded = encoded_batches(model, batches, frame_spec(cfg, model), skipped)
         predictions, num_videos = answer_videos(answerer, encoded, e.batch_size)
     if not predictions:
-        raise DataError(f"no question could be answered ({skipped.total} videos skipped: "
-                        f"{dict(skipped.reasons)})")
+        raise nothing_evaluated("no question could be answered", cfg, skipped)
     correct = sum(normalize(p["prediction"]) == normalize(p["answer"]) for p in predictions)
     path = metrics_path(cfg, "video-qa", out)
     predictions_path = beside_metrics(path, "video_qa_predictions.json")

@@ -2,6 +2,7 @@
 counts from worker processes reach the loader in the main process."""
 import collections
 import os
+import re
 import tarfile
 
 import pytest
@@ -65,3 +66,7 @@ def test_corrupt_samples_are_skipped_and_counted(corrupt_shards, tokenizer, work
     assert lo.stats.counts["padded"] == lo.num_batches * 4 - len(good)
     assert lo.stats.total_skipped == len(BROKEN) + TRUNCATED_TOTAL - TRUNCATE_AT
     assert "corrupt_image=2" in lo.log_line() and "truncated_tar=1" in lo.log_line()
+    # the skipped total is the sum of its breakdown; a broken-off shard is a shard, not a skipped sample
+    found = re.fullmatch(r"\[data\] decoded \d+, skipped (\d+) \(([^)]*)\), padded \d+; shards broken off: "
+                         r"truncated_tar=1", lo.log_line())
+    assert found and int(found[1]) == sum(int(r.split("=")[1]) for r in found[2].split(", ")), lo.log_line()

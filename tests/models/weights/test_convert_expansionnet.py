@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import mplug_pretrain  # noqa: F401
 from mplug_pretrain.cli import main
-from mplug_pretrain.errors import DataError
+from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.models.decoders.expansionnet.decoder import ExpansionDecoder
 from mplug_pretrain.models.decoders.expansionnet.encoder import StaticExpansionRefiner
 from mplug_pretrain.models.model_config import DecoderConfig, VisualRefinerConfig
@@ -197,5 +197,5 @@ def test_cli_converts_an_official_file_and_refuses_arbitrary_pickles(tmp_path):
 
 
 def test_wrong_group_sizes_are_named():
-    with pytest.raises(ValueError, match="encoder_group"):
+    with pytest.raises(ConfigError, match="--encoder-group 32,64: sums to 96"):
         convert_expansionnet(official_state_dict(), HEADS, (32, 64))

@@ -61,6 +61,7 @@ def test_finetune_caption_cli_runs_xe_then_scst_and_evaluates(tmp_path, small_sh
         assert len(json.load(f)) == 4
     printed = json.loads(proc.stdout[proc.stdout.index("{\n"):])
     assert printed["CIDEr"] == metrics["CIDEr"]
+    assert f"[finetune] final model: {run_dir / '2_scst' / 'model'}\n" in proc.stderr  # where to point eval
 
     # finished stages are skipped on resume: no step is trained again
     proc = run_mplug([*args, "caption.final_eval=none", "--resume", "auto"], env=ONE_THREAD)
