@@ -30,12 +30,7 @@ from mplug_pretrain.tasks.evaluation import (
     metrics_path,
     write_metrics,
 )
-from mplug_pretrain.tasks.video.encoding import (
-    encoded_batches,
-    frame_spec,
-    nothing_evaluated,
-    video_record_batches,
-)
+from mplug_pretrain.tasks.video import encoding
 from mplug_pretrain.tasks.video.retrieval import read_caption_annotations
 
 log = logging.getLogger(__name__)
@@ -74,11 +69,11 @@ def run(cfg, checkpoint: str, out: str | None = None) -> dict:
     model = load_eval_model(cfg, checkpoint)
     skipped = SkipReport()
     with eval_autocast(cfg, model):
-        encoded = encoded_batches(model, video_record_batches(cfg, read_caption_annotations, skipped),
-                                  frame_spec(cfg, model), skipped)
+        records = encoding.video_record_batches(cfg, read_caption_annotations, skipped)
+        encoded = encoding.encoded_batches(model, records, encoding.frame_spec(cfg, model), skipped)
         predictions, references = caption_videos(model, load_tokenizer(cfg.data.tokenizer), cfg, encoded)
     if not predictions:
-        raise nothing_evaluated("no video could be captioned", cfg, skipped)
+        raise encoding.nothing_evaluated("no video could be captioned", cfg, skipped)
     path = metrics_path(cfg, "video-caption", out)
     predictions_path = beside_metrics(path, "video_caption_predictions.json")
     write_caption_results(predictions, predictions_path)
