@@ -13,8 +13,8 @@ Casts: under autocast every ``nn.Linear`` casts its fp32 input to bf16 itself, s
 cast it three times (and cross-attention K, V the image states twice per layer); ``MultiHeadAttention`` casts
 each input once (``to_autocast_dtype``) and feeds that to every projection. Without autocast nothing is cast.
 
-Backends: on a CUDA device of compute capability 9.x, SDPA is asked to try cuDNN attention first, then flash,
-memory-efficient and math (``sdpa_backends``); ``MPLUG_SDPA_PREFER_CUDNN=0`` keeps torch's own order.
+Backends: on sm90 SDPA tries cuDNN attention first where the cuDNN runtime is recent enough, then flash,
+memory-efficient and math (``sdpa_backends``); ``MPLUG_SDPA_PREFER_CUDNN=0`` puts flash first.
 """
 from __future__ import annotations
 
@@ -47,20 +47,30 @@ def to_autocast_dtype(x: torch.Tensor) -> torch.Tensor:
 
 CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                SDPBackend.MATH]
+FLASH_FIRST = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+               SDPBackend.MATH]
+CUDNN_SEQ_LEN_FIX = 91500  # cuDNN runtimes up to 9.15.0 mis-handle sequence lengths not divisible by 128
 
 
 @functools.cache
-def _is_hopper(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] == 9
+def _cudnn_attention_preferred(device_index: int) -> bool:
+    version = torch.backends.cudnn.version() or 0
+    return torch.cuda.get_device_capability(device_index)[0] == 9 and version > CUDNN_SEQ_LEN_FIX
 
 
 def sdpa_backends(device: torch.device) -> list[SDPBackend] | None:
-    """The SDPA backend priority for ``device``: ``CUDNN_FIRST`` on sm90 (cuDNN attention is faster there and
-    torch tries flash first), None (torch's order) elsewhere or with ``MPLUG_SDPA_PREFER_CUDNN=0``."""
-    if device.type != "cuda" or os.environ.get("MPLUG_SDPA_PREFER_CUDNN", "1") == "0":
+    """SDPA's backend priority on ``device`` (None: torch's own order, always off CUDA).
+
+    On sm90 with a cuDNN runtime newer than 9.15.0, ``CUDNN_FIRST``: cuDNN attention where it is eligible (it
+    accepts our masks; in training not BERT's attention dropout 0.1, which is not a multiple of 1/16), then
+    flash. Older cuDNN runtimes keep torch's order (flash first): their cuDNN attention is wrong for sequence
+    lengths not divisible by 128 (257 image tokens). ``MPLUG_SDPA_PREFER_CUDNN=0``: ``FLASH_FIRST`` on CUDA."""
+    if device.type != "cuda":
         return None
+    if os.environ.get("MPLUG_SDPA_PREFER_CUDNN", "1") == "0":
+        return FLASH_FIRST
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return CUDNN_FIRST if _is_hopper(index) else None
+    return CUDNN_FIRST if _cudnn_attention_preferred(index) else None
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
