@@ -19,6 +19,11 @@ pending instead, and the loop calls ``commit_enqueue()`` once the loss is known 
 ``discard_enqueue()``), so a skipped batch leaves the queues as they were. In eval mode the queues are left
 untouched.
 Host syncs: none in ``forward`` for a batch without padding rows (docs/precision.md; bench/NOTES.md).
+Shared work: the ITM, MLM and PrefixLM fusion passes of one ``forward`` reuse the image states' cross-attention
+keys and values of the fusion layers that see them unchanged (``fusion.image_keys_values``), ITM fuses its 3B
+rows by index (no copy of the image states per row), and the BERT decoder's PrefixLM self-attention is causal by
+``is_causal`` (its targets are right padded). ``fast_fusion_paths = False`` computes each pass on its own with
+the dense causal bias, as before: the reference the tests compare these paths with.
 """
 from __future__ import annotations
 
@@ -55,6 +60,8 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 class MPLUG(InferenceMixin, StepHooks, nn.Module):
+    fast_fusion_paths = True  # module docstring, "Shared work"
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         config.validate()
@@ -159,14 +166,19 @@ class MPLUG(InferenceMixin, StepHooks, nn.Module):
         return self.text_encoder(input_ids, attention_mask)
 
     def fuse(self, image_states: torch.Tensor, image_mask: torch.Tensor | None, text_states: torch.Tensor,
-             text_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (fused image [B, M, D], fused text [B, T, D]); image_mask None = every visual token is real."""
-        return self.fusion(image_states, image_mask, text_states, text_mask)
+             text_mask: torch.Tensor, image_rows: torch.Tensor | None = None,
+             image_kv: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (fused image [B, M, D], fused text [B, T, D]); image_mask None = every visual token is real.
+        image_rows [B']: text row i fuses with image row image_rows[i]; image_kv: ``fusion.image_keys_values``
+        of ``image_states`` (models/fusion.py)."""
+        return self.fusion(image_states, image_mask, text_states, text_mask, image_rows, image_kv)
 
     def memory_from_states(self, image_states: torch.Tensor, image_mask: torch.Tensor | None,
-                           prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                           prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                           image_kv: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder memory concat(fused image, fused prompt) [B, M+T, D] and its mask [B, M+T] (long)."""
-        image, text = self.fuse(image_states, image_mask, self.encode_text(prompt_ids, prompt_mask), prompt_mask)
+        image, text = self.fuse(image_states, image_mask, self.encode_text(prompt_ids, prompt_mask), prompt_mask,
+                                image_kv=image_kv)
         if image_mask is None:
             image_mask = torch.ones(image.shape[:2], dtype=torch.long, device=image.device)
         return torch.cat([image, text], dim=1), torch.cat([image_mask.long(), prompt_mask.long()], dim=1)
@@ -227,20 +239,23 @@ class MPLUG(InferenceMixin, StepHooks, nn.Module):
         image_feat = self.itc.image_features(image_states[:, 0])
         text_feat = self.itc.text_features(pool_text(text_states, mask, self.config.itc_pooling))
         image_feat_m, text_feat_m = self._momentum_features(image, ids, mask, image_feat, text_feat)
+        image_kv = None
+        if self.fast_fusion_paths and (weights["itm"] or weights["mlm"] or weights["prefixlm"]):
+            image_kv = self.fusion.image_keys_values(image_states)
         losses = {}
         if weights["itc"]:
             self.itc.clamp_temperature()
             losses["itc"] = self.itc.loss(image_feat, text_feat, image_feat_m, text_feat_m, idx,
                                           alpha if self.image_encoder_m is not None else 0.0, h.itc_negatives)
         if weights["itm"]:
-            losses["itm"] = self._itm_loss(image_states, text_states, mask, image_feat, text_feat, idx)
+            losses["itm"] = self._itm_loss(image_states, text_states, mask, image_feat, text_feat, idx, image_kv)
         if weights["mlm"]:
             masked_ids, labels = mask_tokens(ids, mask, self.config.text.vocab_size, h.mlm_probability)
-            _, fused = self.fuse(image_states, None, self.encode_text(masked_ids, mask), mask)
+            _, fused = self.fuse(image_states, None, self.encode_text(masked_ids, mask), mask, image_kv=image_kv)
             losses["mlm"] = mlm_loss(self.mlm_head, fused, labels, self.text_encoder.embeddings.word_embeddings.weight)
         if weights["prefixlm"]:
             split = split_prefix(ids, mask, h.prefix_min_tokens)
-            losses["prefixlm"] = self._decoder_loss(image_states, split)
+            losses["prefixlm"] = self._decoder_loss(image_states, split, image_kv=image_kv)
         if self.training:  # every rank enqueues (a collective); a blank batch adds no row
             rows = slice(None) if weight else slice(0, 0)
             pending = (image_feat_m[rows], text_feat_m[rows], None if idx is None else idx[rows])
@@ -274,7 +289,8 @@ class MPLUG(InferenceMixin, StepHooks, nn.Module):
         return image_m, text_m
 
     def _itm_loss(self, image_states: torch.Tensor, text_states: torch.Tensor, mask: torch.Tensor,
-                  image_feat: torch.Tensor, text_feat: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
+                  image_feat: torch.Tensor, text_feat: torch.Tensor, idx: torch.Tensor | None,
+                  image_kv: list | None = None) -> torch.Tensor:
         b = image_states.shape[0]
         with torch.no_grad():
             negatives = sample_hard_negatives(self.itc.similarities(image_feat, text_feat.t()), idx)
@@ -286,12 +302,18 @@ class MPLUG(InferenceMixin, StepHooks, nn.Module):
         weights = torch.cat([torch.ones_like(negatives.text_valid), negatives.text_valid, negatives.image_valid])
         labels = torch.zeros(3 * b, dtype=torch.long, device=image_states.device)
         labels[:b] = 1
-        _, fused = self.fuse(image_states[image_rows], None, text_states[text_rows], mask[text_rows])
+        if self.fast_fusion_paths:
+            _, fused = self.fuse(image_states, None, text_states[text_rows], mask[text_rows], image_rows, image_kv)
+        else:
+            _, fused = self.fuse(image_states[image_rows], None, text_states[text_rows], mask[text_rows])
         return self.itm_head.loss(fused[:, 0], labels, weights)
 
-    def _decoder_loss(self, image_states: torch.Tensor, split, label_smoothing: float = 0.0) -> torch.Tensor:
-        memory, memory_mask = self.memory_from_states(image_states, None, split.prefix_ids, split.prefix_mask)
-        logits = self.decoder(split.target_ids, split.target_mask, memory, memory_mask).logits
+    def _decoder_loss(self, image_states: torch.Tensor, split, label_smoothing: float = 0.0,
+                      image_kv: list | None = None) -> torch.Tensor:
+        memory, memory_mask = self.memory_from_states(image_states, None, split.prefix_ids, split.prefix_mask,
+                                                      image_kv)
+        causal = {"right_padded": True} if self.fast_fusion_paths and isinstance(self.decoder, BertDecoder) else {}
+        logits = self.decoder(split.target_ids, split.target_mask, memory, memory_mask, **causal).logits
         return prefix_lm_loss(logits, split.target_ids, split.target_mask, label_smoothing)
 
     def caption_loss(self, image: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,

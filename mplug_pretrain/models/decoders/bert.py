@@ -4,6 +4,10 @@ Implements ``decoder_api``: forward(input_ids [B, T_new], attention_mask [B, T_p
 memory_mask [B, M], past=None, use_cache=False) -> DecoderOutput(logits [B, T_new, V], past).
 Per layer (post-LN, as BERT):  x = LN(x + CausalSelfAttn(x));  x = LN(x + CrossAttn(x, memory));
 x = LN(x + FFN(x)).  Token i may attend to keys j <= T_past + i that are not padding.
+``right_padded=True`` (the caller knows every row's padding is at its end, e.g. PrefixLM targets): without a
+cache the self-attention runs with SDPA's ``is_causal`` and no bias, the mask flash and cuDNN attention accept.
+Exact for every real token (its keys j <= i are all real); a padding position's output differs (it may attend
+to earlier padding), which the losses ignore.
 Cache (``BertDecoderCache``): per layer the self-attention keys/values of every token so far, and the
 cross-attention keys/values of the memory, computed once on the first call.
 Shared memory rows (``memory_rows_shared``): memory [B / g, M, D] and memory_mask [B / g, M] may serve g
@@ -21,7 +25,12 @@ from torch import nn
 
 from mplug_pretrain.models.decoders.api import DecoderOutput
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead
-from mplug_pretrain.models.layers.attention import bias_from_keep, key_padding_bias
+from mplug_pretrain.models.layers.attention import (
+    bias_from_keep,
+    causal_keep,
+    key_padding_bias,
+    to_autocast_dtype,
+)
 from mplug_pretrain.models.layers.bert_init import bert_init_
 from mplug_pretrain.models.layers.checkpointing import run_layer
 from mplug_pretrain.models.model_config import DecoderConfig
@@ -41,10 +50,7 @@ class BertDecoderCache:
 
 def causal_bias(attention_mask: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """[B, T_total] padding mask -> bias [B, 1, new_tokens, T_total] for the last ``new_tokens`` queries."""
-    total = attention_mask.shape[1]
-    query_pos = torch.arange(total - new_tokens, total, device=attention_mask.device)
-    key_pos = torch.arange(total, device=attention_mask.device)
-    keep = (key_pos[None, :] <= query_pos[:, None])[None] & attention_mask[:, None, :].bool()
+    keep = causal_keep(new_tokens, attention_mask.shape[1], attention_mask.device)[None] & attention_mask[:, None, :].bool()
     return bias_from_keep(keep[:, None])
 
 
@@ -64,7 +70,7 @@ class BertDecoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, memory: torch.Tensor,
                 memory_mask: torch.Tensor | None, past: BertDecoderCache | None = None,
-                use_cache: bool = False) -> DecoderOutput:
+                use_cache: bool = False, right_padded: bool = False) -> DecoderOutput:
         past_len = past.length if past is not None else 0
         b, t = input_ids.shape
         if attention_mask.shape != (b, past_len + t):
@@ -74,12 +80,15 @@ class BertDecoder(nn.Module):
             raise ValueError(f"memory has {memory.shape[0]} rows: it must have B = {b} rows or B / g rows "
                              "(g input rows sharing each memory row)")
         x = self.embeddings(input_ids, position_offset=past_len)
-        self_bias = causal_bias(attention_mask, t)
+        memory = to_autocast_dtype(memory)  # one cast for every layer's cross-attention keys and values
         memory_bias = key_padding_bias(memory_mask)
         if past is None and not use_cache:
+            self_bias = None if right_padded else causal_bias(attention_mask, t)
             for layer in self.layers:
-                x = run_layer(layer, x, self_bias, memory, memory_bias, enabled=self.grad_checkpointing)
+                x = run_layer(layer, x, self_bias, memory, memory_bias, is_causal=right_padded,
+                              enabled=self.grad_checkpointing)
             return DecoderOutput(self.head(x, self.embeddings.word_embeddings.weight), None)
+        self_bias = causal_bias(attention_mask, t)
         caches = []
         for i, layer in enumerate(self.layers):
             x, cache = self._cached_layer(layer, x, self_bias, memory, memory_bias,

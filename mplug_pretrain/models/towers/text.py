@@ -45,7 +45,11 @@ class BertEmbeddings(nn.Module):
 class BertLayer(nn.Module):
     """One post-LN BERT layer, optionally with cross-attention (Eqs. 1-3 above).
 
-    forward(x [B, T, D], bias [B,1,T|1,T] | None, source [B, S, D] | None, source_bias [B,1,1,S] | None)
+    forward(x [B, T, D], bias [B,1,T|1,T] | None, source [B, S, D] | None, source_bias [B,1,1,S] | None,
+            source_kv | None, source_rows [B] | None, is_causal) -> [B, T, D]
+    ``source_kv``: the cross-attention keys and values [B', H, S, d] of the source, computed before (shared by
+    several passes over the same source); ``source_rows`` [B] picks row ``source_rows[i]`` of them (and of
+    ``source_bias``) for x row i (None: row i). ``is_causal``: causal self-attention without ``bias``.
     """
 
     def __init__(self, width: int, heads: int, ffn_dim: int, dropout: float, cross_attention: bool):
@@ -60,8 +64,8 @@ class BertLayer(nn.Module):
         self.drop = Dropout(dropout)
 
     def self_attention(self, x: torch.Tensor, bias: torch.Tensor | None = None,
-                       kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        return self.attn_norm(x + self.drop(self.attn(x, bias=bias, kv=kv)))
+                       kv: tuple[torch.Tensor, torch.Tensor] | None = None, is_causal: bool = False) -> torch.Tensor:
+        return self.attn_norm(x + self.drop(self.attn(x, bias=bias, kv=kv, is_causal=is_causal)))
 
     def cross_attention(self, x: torch.Tensor, source: torch.Tensor | None, bias: torch.Tensor | None = None,
                         kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -71,12 +75,19 @@ class BertLayer(nn.Module):
         return self.ffn_norm(x + self.drop(self.ffn_out(F.gelu(self.ffn_in(x)))))
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, source: torch.Tensor | None = None,
-                source_bias: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.self_attention(x, bias)
-        if source is not None:
-            if self.cross_attn is None:
-                raise RuntimeError("this BertLayer was built without cross-attention")
-            x = self.cross_attention(x, source, source_bias)
+                source_bias: torch.Tensor | None = None, source_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                source_rows: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        x = self.self_attention(x, bias, is_causal=is_causal)
+        if source is None and source_kv is None:
+            return self.feed_forward(x)
+        if self.cross_attn is None:
+            raise RuntimeError("this BertLayer was built without cross-attention")
+        if source_rows is not None:  # gathered here, so activation checkpointing keeps only the shared rows
+            if source_kv is not None:
+                source_kv = (source_kv[0][source_rows], source_kv[1][source_rows])
+            source = None if source is None else source[source_rows]
+            source_bias = None if source_bias is None else source_bias[source_rows]
+        x = self.cross_attention(x, source if source_kv is None else None, source_bias, kv=source_kv)
         return self.feed_forward(x)
 
 

@@ -99,3 +99,35 @@ def test_attention_module_in_training_equals_sdpa_without_dropout():
 
 def _qkv(attn, x, source):
     return attn.split_heads(attn.query(x)), *attn.keys_values(source)
+
+
+def _random_ops(model, batch) -> list[str]:
+    """Names of the dropout / random-mask kernels a training forward + backward dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class RandomOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__
+            if any(word in name for word in ("dropout", "bernoulli", "random_")):
+                self.names.append(name)
+            return func(*args, **(kwargs or {}))
+
+    with RandomOps() as ops:
+        model(batch)["loss"].backward()
+    return ops.names
+
+
+def test_dropout_zero_dispatches_no_dropout_kernel_in_training(text_batch):
+    from mplug_pretrain.models.presets import build_model
+    ids, mask = text_batch(4, 10)
+    batch = {"image": torch.randn(4, 3, 64, 64), "input_ids": ids, "attention_mask": mask,
+             "image_id": torch.arange(4)}
+    torch.manual_seed(0)
+    without = build_model("tiny", text__dropout=0.0, decoder__dropout=0.0).train()
+    assert _random_ops(without, batch) == []
+    torch.manual_seed(0)
+    assert _random_ops(build_model("tiny").train(), batch)  # the default 0.1 does draw masks
