@@ -16,6 +16,9 @@ One pretraining sample with text length T runs (models/mplug.py ``forward``):
   MLM: text encoder on the masked text, fusion, LM head at every position (the loss reads the masked ones)
   PrefixLM: text encoder + fusion on the prefix, decoder on the target with cross-attention to
             [image; prefix], LM head at every target position (prefix and target padded to T)
+The cross-attention keys and values of the image states in the skip-connected fusion layers before the first
+connected one are computed once per sample for all three fusion passes (``fusion.image_keys_values``), so they
+are counted once, not per pass.
 """
 from __future__ import annotations
 
@@ -106,15 +109,29 @@ def text_encoder_forward(cfg: ModelConfig, t: float) -> float:
     return cfg.text.encoder_layers * (_self_attention(t, w) + _ffn(t, w, cfg.text.ffn_dim))
 
 
-def fusion_forward(cfg: ModelConfig, m: float, t: float, image_used: bool = True) -> tuple[float, float]:
+def shared_image_kv_layers(cfg: ModelConfig) -> int:
+    """Skip-connected fusion layers before the first connected one: they see the image states unchanged, and the
+    fusion passes of one step share their cross-attention keys and values (models/fusion.py)."""
+    fc = cfg.fusion
+    if fc.type != "skip":
+        return 0
+    schedule = fusion_schedule(fc.layers, fc.stride, fc.schedule_rule)
+    return next((i for i, connected in enumerate(schedule) if connected), len(schedule))
+
+
+def fusion_forward(cfg: ModelConfig, m: float, t: float, image_used: bool = True,
+                   shared_kv: bool = False) -> tuple[float, float]:
     """(forward FLOPs that take a gradient, forward FLOPs that do not) of fusing m visual tokens with t text
-    tokens. ITM and MLM read only the fused text: two-stream fusion's last image layer then gets no backward."""
+    tokens. ITM and MLM read only the fused text: two-stream fusion's last image layer then gets no backward.
+    ``shared_kv``: leave out the image keys / values the passes share (``shared_image_kv_layers``)."""
     w, f, fc = cfg.text.width, cfg.text.ffn_dim, cfg.fusion
     text_layer = _self_attention(t, w) + _cross_attention(t, m, w) + _ffn(t, w, f)
     joint_layer = _self_attention(m + t, w) + _ffn(m + t, w, f)
     if fc.type == "skip":
-        return sum(joint_layer if c else text_layer
-                   for c in fusion_schedule(fc.layers, fc.stride, fc.schedule_rule)), 0.0
+        total = sum(joint_layer if c else text_layer for c in fusion_schedule(fc.layers, fc.stride, fc.schedule_rule))
+        if shared_kv:
+            total -= shared_image_kv_layers(cfg) * 2 * _linear(m, w, w)
+        return total, 0.0
     if fc.type == "all_connected":
         return fc.layers * joint_layer, 0.0
     if fc.type == "two_stream":
@@ -166,12 +183,13 @@ def pretrain_flops_per_sample(cfg: ModelConfig, shapes: TextShapes, batch_size: 
                   weight_grad=False, input_grad=False)
         if distill:
             c.product("momentum", 2 * _linear(1, h.embed_dim, columns), weight_grad=False, input_grad=False)
-    fused, unused = fusion_forward(cfg, m, s.text_len, image_used=False)
+    c.product("fusion_kv", shared_image_kv_layers(cfg) * 2 * _linear(m, w, w))  # once for the three passes
+    fused, unused = fusion_forward(cfg, m, s.text_len, image_used=False, shared_kv=True)
     c.product("itm", s.itm_rows * (fused + _linear(1, w, 2)))
     c.product("itm", s.itm_rows * unused, weight_grad=False, input_grad=False)
     c.product("mlm", text_encoder_forward(cfg, s.text_len) + fused + lm_head_forward(cfg, s.mlm_tokens))
     c.product("mlm", unused, weight_grad=False, input_grad=False)
-    fused, _ = fusion_forward(cfg, m, s.prefix_len, image_used=True)  # the decoder reads [image; prefix]
+    fused, _ = fusion_forward(cfg, m, s.prefix_len, image_used=True, shared_kv=True)  # decoder reads [image; prefix]
     c.product("prefixlm", text_encoder_forward(cfg, s.prefix_len) + fused
               + decoder_forward(cfg, s.target_len, m + s.prefix_len))
     return c
