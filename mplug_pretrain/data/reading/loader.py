@@ -5,6 +5,8 @@ stream batches itself) over a ``ShardStream``, plus epoch/resume position and de
     len(loader)          batches this iteration yields (num_batches - start_batch)
     loader.set_epoch(e, start_batch=0)
     loader.stats         DecodeStats summed over all workers and iterations; loader.log_line()
+    loader.image_normalize  None (float images), or the ``DeviceNormalize`` the consumer applies to the batches'
+                         uint8 ``image`` on its device (train/loop.py does)
 """
 from __future__ import annotations
 
@@ -37,9 +39,10 @@ def leave_stop_signals_to_main(worker_id: int | None = None) -> None:
 
 
 class ShardLoader:
-    def __init__(self, stream, answer_list: list[str] | None = None):
+    def __init__(self, stream, answer_list: list[str] | None = None, image_normalize=None):
         self.stream = stream  # a ShardStream: its ``spec`` (data/reading/loader_spec.py) says how many workers
         self.answer_list = answer_list
+        self.image_normalize = image_normalize
         self.num_batches = stream.spec.workers * stream.batches_per_slot
         self.stats = DecodeStats()
         self.set_epoch(stream.epoch, stream.start_batch)

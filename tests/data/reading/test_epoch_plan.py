@@ -97,10 +97,10 @@ def test_a_batch_larger_than_the_data_set_is_warned(tmp_path, tokenizer, caplog)
     import logging
 
     import torch
-    from tests.data.conftest import write_simple_shards
 
     from mplug_pretrain.data.reading.loader_spec import LoaderSpec
     from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
+    from tests.data.shard_samples import write_simple_shards
     pattern, keys = write_simple_shards(str(tmp_path), [3])
     with caplog.at_level(logging.WARNING, logger="mplug_pretrain.data.reading.epoch_plan"):
         loader = build_pretrain_loader(LoaderSpec(pattern, batch_size=8, shuffle=True, rank=0, world_size=1),
