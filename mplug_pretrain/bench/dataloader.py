@@ -2,12 +2,14 @@
 RandAugment, WordPiece tokenize, batch) at 256 px from real-size 640 x 480 photo JPEGs (bench/photo_shards.py),
 the loader as it was ("before": ToTensor + Normalize in the worker, PIL's resize, float32 batches) against the
 loader the training tasks use now ("after": uint8 batches, torch's resize, JPEG draft mode, normalisation on the
-training device), with 1 and 2 DataLoader workers.
+training device), in-process (0 workers: one core's work, timed by CPU time as well as by the clock) and with 1
+and 2 DataLoader workers.
 
 Rounds alternate before / after (after / before the next round) so a load change on the shared machine hits both;
 every row records the 1-minute load average when it started. The clock starts at the first batch (worker start-up
 excluded). Rows: pipeline, image_size, workers, round, samples_per_s, samples_per_s_per_worker, samples, seconds,
-load_avg_1min. ``summary``: per pipeline and worker count the median samples/s per worker, and after / before.
+load_avg_1min (+ samples_per_cpu_s in-process). ``summary``: per worker count the median samples/s per worker of
+each pipeline and after / before (in-process also per CPU-second: the per-core figure on a shared machine).
 
 How many workers feed one GPU: workers >= GPU samples/s (bench train-step) / samples_per_s_per_worker, on as many
 free cores.
@@ -55,12 +57,26 @@ def timed_rate(loader, timed_batches: int, count=lambda b: int((~b["is_pad"]).su
 
 def measure(pipeline: str, urls: str, workers: int, timed_batches: int, tokenizer, image_size: int,
             round_index: int) -> dict:
+    """workers 0: the pipeline in this process on one torch thread, as a DataLoader worker runs it, timed by this
+    process's CPU time too (``samples_per_cpu_s``: samples per second of one core, whatever else the machine
+    runs)."""
+    import torch
     load = os.getloadavg()[0]
-    samples, seconds = timed_rate(build(pipeline, urls, workers, tokenizer, image_size), timed_batches)
+    threads = torch.get_num_threads()
+    if workers == 0:
+        torch.set_num_threads(1)
+    cpu_start = time.process_time()
+    try:
+        samples, seconds = timed_rate(build(pipeline, urls, workers, tokenizer, image_size), timed_batches)
+    finally:
+        torch.set_num_threads(threads)
     rate = samples / seconds
-    return {"pipeline": pipeline, "image_size": image_size, "workers": workers, "round": round_index,
-            "samples_per_s": rate, "samples_per_s_per_worker": rate / max(workers, 1), "samples": samples,
-            "seconds": seconds, "load_avg_1min": load}
+    row = {"pipeline": pipeline, "image_size": image_size, "workers": workers, "round": round_index,
+           "samples_per_s": rate, "samples_per_s_per_worker": rate / max(workers, 1), "samples": samples,
+           "seconds": seconds, "load_avg_1min": load}
+    if workers == 0:  # (the first, untimed batch's CPU time is included: a slight underestimate of the rate)
+        row["samples_per_cpu_s"] = samples / (time.process_time() - cpu_start)
+    return row
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -68,16 +84,22 @@ def summarize(rows: list[dict]) -> list[dict]:
     for workers in sorted({r["workers"] for r in rows}):
         median = {p: statistics.median(r["samples_per_s_per_worker"] for r in rows
                                        if r["workers"] == workers and r["pipeline"] == p) for p in PIPELINES}
-        out.append({"workers": workers, "before_per_worker": median["before"], "after_per_worker": median["after"],
-                    "after_over_before": median["after"] / median["before"]})
+        entry = {"workers": workers, "before_per_worker": median["before"], "after_per_worker": median["after"],
+                 "after_over_before": median["after"] / median["before"]}
+        if workers == 0:
+            cpu = {p: statistics.median(r["samples_per_cpu_s"] for r in rows if r["workers"] == 0 and r["pipeline"] == p)
+                   for p in PIPELINES}
+            entry.update(before_per_cpu_s=cpu["before"], after_per_cpu_s=cpu["after"],
+                         after_over_before_cpu=cpu["after"] / cpu["before"])
+        out.append(entry)
     return out
 
 
-def run(out: str, quick: bool = False, workers: tuple[int, ...] = (1, 2), image_size: int | None = None,
+def run(out: str, quick: bool = False, workers: tuple[int, ...] = (0, 1, 2), image_size: int | None = None,
         timed_batches: int | None = None, rounds: int | None = None) -> dict:
-    """quick (the test suite): 64 px, 1 worker, 3 timed batches, one round."""
+    """quick (the test suite): 64 px, in-process, 3 timed batches, one round."""
     image_size = image_size or (64 if quick else 256)
-    workers = (1,) if quick else workers
+    workers = (0,) if quick else workers
     timed_batches = timed_batches or (3 if quick else 15)
     rounds = rounds or (1 if quick else 3)
     urls, tokenizer = ensure_photo_shards(), load_tokenizer()
@@ -93,7 +115,7 @@ def run(out: str, quick: bool = False, workers: tuple[int, ...] = (1, 2), image_
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="0: in-process, CPU-timed")
     parser.add_argument("--image-size", type=int, default=256)
     parser.add_argument("--batches", type=int, default=15, help="timed batches of 32 per measurement")
     parser.add_argument("--rounds", type=int, default=3)

@@ -78,7 +78,8 @@ class TrainTask:
     make_loader(cfg, spec) -> iterable of batch dicts (deterministic for a given epoch); ``spec``
         (``training_loader_spec``): data.train_shards read as data.* says from this rank's position (its
         ``start_batch`` skips the batches already consumed); fine-tuning tasks make their own shards the
-        run config's data.train_shards.
+        run config's data.train_shards. A loader with ``set_epoch(epoch, start_batch)`` (ShardLoader) is made
+        once and moved to each next epoch, so its persistent workers stay up.
     losses(module, batch, state) -> {"loss": scalar to optimise, "loss_*": scalars to log}
     flops_per_sample(cfg, batch) -> model FLOPs (forward + backward) of one sample of this batch, for MFU
         (None: the task has no FLOP count and MFU is not logged)
@@ -369,13 +370,14 @@ def _train_epoch(run: _Run, loader: Iterable[dict]) -> bool:
     data_time = 0.0
     yielded = 0
     before = Counter(state.data_counts)  # earlier epochs and runs (resume)
+    counted = Counter(loader.stats.counts) if hasattr(loader, "stats") else Counter()  # earlier passes of a reused loader
     run.image_normalize = getattr(loader, "image_normalize", None)
     for batch in loader:
         yielded += 1
         data_time += time.time() - data_start
         state.batch_in_epoch += 1
         if hasattr(loader, "stats"):
-            state.data_counts = dict(before + loader.stats.counts)
+            state.data_counts = dict(before + (loader.stats.counts - counted))
         result = _micro_step(run, batch)
         if result is not None and result[1]:  # an optimizer step ended
             if _finish_step(run, result[0], data_time, time.time() - step_start):
@@ -417,7 +419,10 @@ def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dic
     _resume(run)
     loader = None  # stays None when a resumed run had already finished
     while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
-        loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
+        if loader is not None and hasattr(loader, "set_epoch"):
+            loader.set_epoch(run.state.epoch, run.state.batch_in_epoch)  # the next epoch, on the same (persistent) workers
+        else:
+            loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
         if not _train_epoch(run, loader):
             break
     return _finish(run, loader)

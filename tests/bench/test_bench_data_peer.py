@@ -48,3 +48,6 @@ def test_dataloader_bench_alternates_before_and_after(tmp_path):
     (summary,) = result["summary"]
     assert summary["after_over_before"] == pytest.approx(summary["after_per_worker"] / summary["before_per_worker"])
     assert all(math.isfinite(r["samples_per_s"]) and r["samples"] > 0 for r in result["rows"])
+    assert summary["workers"] == 0 and summary["after_over_before_cpu"] == pytest.approx(
+        summary["after_per_cpu_s"] / summary["before_per_cpu_s"])
+    assert all(0 < r["samples_per_cpu_s"] < 1e6 for r in result["rows"])

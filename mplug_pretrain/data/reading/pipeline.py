@@ -82,14 +82,27 @@ def _rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int,
 
 class ShardStream(IterableDataset):
     """The per-worker stream of ready batches for one rank (see the module docstring). ``epoch`` and
-    ``start_batch`` start at the spec's and move with ``ShardLoader.set_epoch``."""
+    ``start_batch`` start at the spec's and move with ``ShardLoader.set_epoch``; they live in a shared-memory
+    tensor, so persistent DataLoader workers (which keep their copy of this object) read the new position at the
+    start of each pass."""
 
     def __init__(self, spec: LoaderSpec, fmt, sources: list[ShardSource], rank: int, world_size: int,
                  plan: ExactPlan | None, batches_per_slot: int):
         super().__init__()
         self.spec, self.fmt, self.sources, self.rank, self.world_size = spec, fmt, sources, rank, world_size
         self.plan, self.batches_per_slot = plan, batches_per_slot
-        self.epoch, self.start_batch = spec.epoch, spec.start_batch
+        self.position = torch.tensor([spec.epoch, spec.start_batch], dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self.position[0])
+
+    @property
+    def start_batch(self) -> int:
+        return int(self.position[1])
+
+    def move_to(self, epoch: int, start_batch: int) -> None:
+        self.position[0], self.position[1] = epoch, start_batch
 
     def __iter__(self):
         info = get_worker_info()
