@@ -52,6 +52,8 @@ class DataConfig:
     # (bert-base-uncased vocab)
     tokenizer: str | None = None
     augment: bool = True  # pretraining: RandomResizedCrop + RandAugment (ALBEF / mPLUG); off: the eval transform
+    # an image with more pixels (header width x height) is skipped before decoding, as too_many_pixels
+    max_image_pixels: int = 64 * 2**20
 
 
 @dataclass
@@ -332,6 +334,7 @@ def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
     check_positive(d.num_workers, "data.num_workers", allow_zero=True)
     check_positive(d.max_text_len, "data.max_text_len")
     check_positive(d.shuffle_buffer, "data.shuffle_buffer")
+    check_positive(d.max_image_pixels, "data.max_image_pixels")
     if d.samples_per_epoch is not None:
         if d.mode == "exact":
             raise ConfigError("data.samples_per_epoch: only used with data.mode=resampled (exact mode reads "

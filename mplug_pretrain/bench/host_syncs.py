@@ -41,7 +41,9 @@ def count_micro_step_syncs(overrides: list[str] | None = None, warmup: int = 2, 
     task = TrainTask("pretrain", build_model, build_train_loader,
                      lambda module, batch, state: module(batch, alpha=0.4))
     run = bare_run(cfg, task, engine, optimizer)
-    loader = iter(build_train_loader(cfg, LoaderSpec(shards, cfg.data.batch_size, 0, rank=0, world_size=1)))
+    shard_loader = build_train_loader(cfg, LoaderSpec(shards, cfg.data.batch_size, 0, rank=0, world_size=1))
+    run.image_normalize = shard_loader.image_normalize  # uint8 images, normalised in _micro_step as in the loop
+    loader = iter(shard_loader)
     counts, ours, totals = [], [], {"by_op": {}, "by_source": {}, "sites": {}}
     for i in range(warmup + steps):
         batch = next(loader)

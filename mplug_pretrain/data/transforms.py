@@ -6,6 +6,8 @@ train: RandomResizedCrop(size, scale=(0.5, 1.0), bicubic) -> RandAugment(2 ops, 
        ShearX, ShearY, TranslateX, TranslateY, Rotate])``: no flips and no colour-destroying ops
        (Solarize, Posterize, Color), so "red", "left", "top" in a caption stay true.
 eval:  Resize(size, bicubic) of the shorter side -> CenterCrop(size) -> ToTensor -> Normalize.
+train, uint8 (the training loaders): RandomResizedCrop resized by torch's uint8 kernel (data/resized_crop.py)
+       -> RandAugment -> uint8 [3, H, W]; the training step normalises on its device (data/device_normalize.py).
 """
 from __future__ import annotations
 
@@ -23,10 +25,15 @@ class CaptionSafeRandAugment(T.RandAugment):
     """torchvision's RandAugment restricted to ALBEF/mPLUG's op list, with ALBEF's translation range."""
 
     def _augmentation_space(self, num_bins: int, image_size: tuple[int, int]) -> dict:
-        space = super()._augmentation_space(num_bins, image_size)
-        space["TranslateX"] = (torch.linspace(0.0, TRANSLATE_FRACTION * image_size[1], num_bins), True)
-        space["TranslateY"] = (torch.linspace(0.0, TRANSLATE_FRACTION * image_size[0], num_bins), True)
-        return {name: space[name] for name in RANDAUG_OPS}
+        # the same values every call for a size: built once (torchvision builds ~14 tensors per image)
+        key = (num_bins, tuple(image_size))
+        cache = self.__dict__.setdefault("_space_cache", {})
+        if key not in cache:
+            space = super()._augmentation_space(num_bins, image_size)
+            space["TranslateX"] = (torch.linspace(0.0, TRANSLATE_FRACTION * image_size[1], num_bins), True)
+            space["TranslateY"] = (torch.linspace(0.0, TRANSLATE_FRACTION * image_size[0], num_bins), True)
+            cache[key] = {name: space[name] for name in RANDAUG_OPS}
+        return cache[key]
 
 
 INTERPOLATIONS = ("bicubic", "bilinear", "nearest")
@@ -49,6 +56,18 @@ def build_train_transform(image_size: int, mean: tuple = CLIP_MEAN, std: tuple =
     ])
 
 
+def build_train_transform_uint8(image_size: int, interpolation: str = "bicubic",
+                                crop_scale: tuple = TRAIN_CROP_SCALE) -> T.Compose:
+    """PIL RGB -> uint8 [3, image_size, image_size]: the training augmentation without ToTensor / Normalize
+    (``DeviceNormalize`` does them on the training device), the crop resized by ``TorchResizedCrop``."""
+    from mplug_pretrain.data.resized_crop import TorchResizedCrop
+    return T.Compose([
+        TorchResizedCrop(image_size, scale=tuple(crop_scale), interpolation=interpolation_mode(interpolation)),
+        CaptionSafeRandAugment(num_ops=2, magnitude=7, num_magnitude_bins=11),
+        T.PILToTensor(),
+    ])
+
+
 def build_eval_transform(image_size: int, mean: tuple = CLIP_MEAN, std: tuple = CLIP_STD,
                          interpolation: str = "bicubic") -> T.Compose:
     return T.Compose([
@@ -56,6 +75,15 @@ def build_eval_transform(image_size: int, mean: tuple = CLIP_MEAN, std: tuple = 
         T.CenterCrop(image_size),
         T.ToTensor(),
         T.Normalize(mean, std),
+    ])
+
+
+def build_eval_transform_uint8(image_size: int, interpolation: str = "bicubic") -> T.Compose:
+    """The eval transform without ToTensor / Normalize: PIL RGB -> uint8 [3, image_size, image_size]."""
+    return T.Compose([
+        T.Resize(image_size, interpolation=interpolation_mode(interpolation)),
+        T.CenterCrop(image_size),
+        T.PILToTensor(),
     ])
 
 

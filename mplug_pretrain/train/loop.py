@@ -85,7 +85,8 @@ class TrainTask:
     make_loader(cfg, spec) -> iterable of batch dicts (deterministic for a given epoch); ``spec``
         (``training_loader_spec``): data.train_shards read as data.* says from this rank's position (its
         ``start_batch`` skips the batches already consumed); fine-tuning tasks make their own shards the
-        run config's data.train_shards.
+        run config's data.train_shards. A loader with ``set_epoch(epoch, start_batch)`` (ShardLoader) is made
+        once and moved to each next epoch, so its persistent workers stay up.
     losses(module, batch, state) -> {"loss": scalar to optimise, "loss_*": scalars to log}
     flops_per_sample(cfg, batch) -> model FLOPs (forward + backward) of one sample of this batch, for MFU
         (None: the task has no FLOP count and MFU is not logged)
@@ -107,18 +108,25 @@ def training_loader_spec(cfg: Config, rank: int, world_size: int, state: Trainer
     return LoaderSpec(d.train_shards, d.batch_size, d.num_workers, mode=d.mode, seed=cfg.run.seed, shuffle=True,
                       shuffle_buffer=d.shuffle_buffer, samples_per_epoch=d.samples_per_epoch, weights=d.train_weights,
                       epoch=state.epoch, start_batch=state.batch_in_epoch, rank=rank, world_size=world_size,
-                      pin_memory=torch.cuda.is_available())  # pinned batches: the non_blocking copies overlap
+                      pin_memory=torch.cuda.is_available(),  # pinned batches: the non_blocking copies overlap
+                      max_image_pixels=d.max_image_pixels)
 
 
 # Flags the tasks read on the host (which rows are padding): they stay there, so reading them is no device sync.
 HOST_KEYS = ("is_pad",)
 
 
-def _to_device(batch: dict, device, float_dtype=None) -> dict:
+def _to_device(batch: dict, device, float_dtype=None, image_normalize=None) -> dict:
+    """Tensors to ``device``; a uint8 ``image`` [B, 3, H, W] (the training loaders send uint8) is normalised there
+    by the loader's ``image_normalize`` (data/device_normalize.py), once, after the 4x smaller copy."""
     out = {}
     for key, value in batch.items():
         if isinstance(value, torch.Tensor) and key not in HOST_KEYS:
             value = value.to(device, non_blocking=True)
+            if key == "image" and value.dtype == torch.uint8:
+                if image_normalize is None:
+                    raise ValueError("batch['image'] is uint8 but the loader names no image_normalize")
+                value = image_normalize(value)
             if float_dtype is not None and value.is_floating_point():
                 value = value.to(float_dtype)
         out[key] = value
@@ -164,6 +172,7 @@ class _Run:
     losses_accum: dict = field(default_factory=dict)  # key -> float64 device tensor
     micro: int = 0
     flops_per_sample: float | None = None  # of the last micro-batch
+    image_normalize: Callable | None = None  # the current loader's, for its uint8 images
     resume_tag: str | None = None  # the checkpoint this run continues
     resume_warnings: list = field(default_factory=list)  # damaged newer tags skipped
     lock: RunFolderLock | None = None  # rank 0's hold on the run folder
@@ -274,7 +283,7 @@ def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
     lrs = apply_lr(run.optimizer, state.global_step, cfg.optim.warmup_steps, cfg.optim.max_steps, cfg.optim.min_lr)
     if run.task.flops_per_sample is not None and run.peak_flops is not None:
         run.flops_per_sample = run.task.flops_per_sample(cfg, batch)
-    batch = _to_device(batch, run.device, run.float_dtype)
+    batch = _to_device(batch, run.device, run.float_dtype, run.image_normalize)
     out = run.task.losses(engine, batch, state)  # no autocast here: a bf16 engine enters its own
     loss = out["loss"]
     if state.global_step in run.nan_steps and run.micro == 0:
@@ -323,7 +332,8 @@ def _log_step(run: _Run, lrs: dict, data_time: float, step_time: float) -> None:
               **{f"lr_{k}": v for k, v in lrs.items()},
               "grad_norm": float(grad_norm) if grad_norm is not None else None,
               "samples_per_s": samples_per_s,
-              "data_time": data_time, "step_time": step_time, "peak_memory_mb": peak_memory_mb(),
+              "data_time": data_time, "step_time": step_time, "data_wait_share": data_wait_share(data_time, step_time),
+              "peak_memory_mb": peak_memory_mb(),
               "epoch": state.epoch, "nonfinite_skipped": state.nonfinite_skipped,
               "corrupt_skipped": state.corrupt_skipped}
     if data is not None:
@@ -332,6 +342,12 @@ def _log_step(run: _Run, lrs: dict, data_time: float, step_time: float) -> None:
         record["flops_per_sample"] = run.flops_per_sample
         record["mfu"] = mfu(run.flops_per_sample, samples_per_s / run.world, run.peak_flops)
     run.log.step(record)
+
+
+def data_wait_share(data_time: float, step_time: float) -> float:
+    """The part of an optimizer step spent waiting for the loader's next batch (0..1): near 1, the loader is the
+    limit (more data.num_workers, or faster storage); near 0, the model is."""
+    return min(1.0, max(0.0, data_time / step_time)) if step_time > 0 else 0.0
 
 
 def _maybe_checkpoint(run: _Run) -> bool:
@@ -430,15 +446,17 @@ def _train_epoch(run: _Run, loader: Iterable[dict]) -> bool:
     data_time = 0.0
     yielded = 0
     before = Counter(state.data_counts)  # earlier epochs and runs (resume)
+    counted = Counter(loader.stats.counts) if hasattr(loader, "stats") else Counter()  # earlier passes of a reused loader
+    run.image_normalize = getattr(loader, "image_normalize", None)
     for batch in loader:
         yielded += 1
         data_time += time.time() - data_start
         state.batch_in_epoch += 1
         if hasattr(loader, "stats"):
-            state.data_counts = dict(before + loader.stats.counts)
-            if yielded == max(run.cfg.data.num_workers, 1):  # each worker's first batch is in
-                _refuse_undecodable(run, loader.stats.counts, f"the first {yielded} batch(es) of epoch {state.epoch}",
-                                    one_reason=True)
+            state.data_counts = dict(before + (loader.stats.counts - counted))
+            if yielded == max(run.cfg.data.num_workers, 1):  # each worker's first batch of this pass is in
+                _refuse_undecodable(run, loader.stats.counts - counted,
+                                    f"the first {yielded} batch(es) of epoch {state.epoch}", one_reason=True)
         result = _micro_step(run, batch)
         if result is not None and result[1]:  # an optimizer step ended
             if _finish_step(run, result[0], data_time, time.time() - step_start):
@@ -495,7 +513,10 @@ def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dic
         _resume(run)
         loader = None  # stays None when a resumed run had already finished
         while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
-            loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
+            if loader is not None and hasattr(loader, "set_epoch"):
+                loader.set_epoch(run.state.epoch, run.state.batch_in_epoch)  # the next epoch, same (persistent) workers
+            else:
+                loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
             if not _train_epoch(run, loader):
                 break
         return _finish(run, loader)

@@ -58,6 +58,7 @@ class Progress:
         mfu = f" mfu={_fmt_mfu(record['mfu'])}" if record.get("mfu") is not None else ""
         print(f"[train] step {step}/{self.total} samples {record.get('samples_seen')} {losses} {lrs} "
               f"sps={record.get('samples_per_s', 0):.1f}{mfu} data={record.get('data_time', 0):.3f}s "
+              f"({record.get('data_wait_share', 0):.0%} of the step) "
               f"step={record.get('step_time', 0):.3f}s", flush=True)
 
     def event(self, message: str) -> None:

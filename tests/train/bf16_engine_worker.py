@@ -75,7 +75,9 @@ def main(stage: int, out_dir: str, shards: str, steps: int = 4, nan_at: int = 2)
 
     task = TrainTask("pretrain", build_model, build_train_loader, losses)
     run = bare_run(cfg, task, engine, optimizer, rank, world)
-    loader = iter(build_train_loader(cfg, LoaderSpec(shards, 4, 0, rank=rank, world_size=world)))
+    shard_loader = build_train_loader(cfg, LoaderSpec(shards, 4, 0, rank=rank, world_size=world))
+    run.image_normalize = shard_loader.image_normalize  # its uint8 images are normalised in _micro_step
+    loader = iter(shard_loader)
     result = {"stage": stage, "rank": rank}
 
     def queue_state():
@@ -92,8 +94,8 @@ def main(stage: int, out_dir: str, shards: str, steps: int = 4, nan_at: int = 2)
         batch = next(loader)
         if done == nan_at and "nan_checked" not in result:
             before = queue_state()
-            if rank == 1:
-                batch["image"] = batch["image"].clone()
+            if rank == 1:  # a NaN needs float pixels: normalised here, so _micro_step passes them on as they are
+                batch["image"] = shard_loader.image_normalize(batch["image"])
                 batch["image"][0] = float("nan")
             skipped_before = run.state.nonfinite_skipped
             out = _micro_step(run, batch)

@@ -87,6 +87,7 @@ def test_grad_accumulation_skips_only_the_nonfinite_micro_batch(tmp_path, demo_s
     assert [r["step"] for r in log] == [1, 2, 3]
     assert [r["nonfinite_skipped"] for r in log] == [0, 1, 1]  # the first micro-batch of step 2
     for record in log:
+        assert record["data_wait_share"] == pytest.approx(record["data_time"] / record["step_time"], rel=1e-9)
         for key in ("loss", "loss_itc", "loss_itm", "loss_mlm", "loss_prefixlm"):
             assert torch.isfinite(torch.tensor(record[key])), (key, record)  # the NaN never reached the sums
         lrs = {k: v for k, v in record.items() if k.startswith("lr_")}
@@ -96,3 +97,73 @@ def test_grad_accumulation_skips_only_the_nonfinite_micro_batch(tmp_path, demo_s
     state = _trainer_state(run_dir, (run_dir / "checkpoints" / "latest").read_text().strip())
     assert (state["epoch"], state["batch_in_epoch"]) == (0, steps * accum + 1)
     assert state["nonfinite_skipped"] == 1
+
+
+SLOW_LOADER_RUN = """
+import json, sys, time
+from mplug_pretrain.config import load_config
+from mplug_pretrain.tasks.pretrain.train import build_model, build_train_loader
+from mplug_pretrain.train.loop import TrainTask, run_training
+
+class SlowStorage:  # the real pretraining loader, slower than the model whatever the machine's load: each batch
+    # arrives DELAY s late, and from the second on 6x the time the loop took with the previous one
+    def __init__(self, loader):
+        self.loader, self.image_normalize, self.stats = loader, loader.image_normalize, loader.stats
+    def __iter__(self):
+        handed = None
+        for batch in self.loader:
+            compute = time.perf_counter() - handed if handed is not None else 0.0
+            time.sleep(max(DELAY, 6 * compute))
+            handed = time.perf_counter()
+            yield batch
+
+cfg = load_config(sys.argv[1], sys.argv[2:])
+task = TrainTask("pretrain", build_model, lambda cfg, spec: SlowStorage(build_train_loader(cfg, spec)),
+                 lambda engine, batch, state: engine(batch, alpha=0.4))
+print(json.dumps(run_training(cfg, task)["summary"]))
+"""
+
+
+def test_log_shows_the_data_wait_share_when_the_loader_is_the_limit(tmp_path, demo_shards):
+    """A real tiny pretraining run (DeepSpeed on CPU) whose loader delivers each batch at least 1 s late and 6x the
+    loop's time with the previous batch: every step's log record says so (data_wait_share = data_time / step_time,
+    at least delay / step_time; above 0.6 from step 2, ~0.86 when the step takes as long each time), and the
+    printed line too."""
+    delay, steps = 1.0, 3
+    args = tiny_pretrain_args(tmp_path, demo_shards, "slow", steps=steps, extra=[
+        "run.log_every=1", "distributed.zero_stage=0", "data.num_workers=0"])
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29677"}
+    script = SLOW_LOADER_RUN.replace("DELAY", repr(delay))
+    proc = subprocess.run([sys.executable, "-c", script, *args[1:]], check=False, cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = read_log(tmp_path / "slow")
+    assert [r["step"] for r in log] == list(range(1, steps + 1))
+    for record in log:
+        assert record["data_time"] >= delay  # the loop measured the wait
+        assert record["data_wait_share"] == pytest.approx(record["data_time"] / record["step_time"], rel=1e-9)
+        assert 0 < record["step_time"] - record["data_time"]  # the model's own time is the rest
+        assert delay / record["step_time"] <= record["data_wait_share"] <= 1
+    assert all(r["data_wait_share"] > 0.6 for r in log[1:]), [(r["data_time"], r["step_time"]) for r in log]
+    assert "of the step)" in proc.stdout
+
+
+def test_to_device_normalises_uint8_images_once_and_leaves_the_rest():
+    from mplug_pretrain.data.device_normalize import DeviceNormalize
+    from mplug_pretrain.data.transforms import CLIP_MEAN, CLIP_STD
+    from mplug_pretrain.train.loop import _to_device
+    normalize = DeviceNormalize(CLIP_MEAN, CLIP_STD)
+    image = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8)
+    float_image = torch.rand(2, 3, 8, 8)
+    batch = {"image": image, "input_ids": torch.ones(2, 5, dtype=torch.long), "is_pad": torch.tensor([False, True]),
+             "text": ["a", "b"]}
+    out = _to_device(batch, torch.device("cpu"), None, normalize)
+    expected = (image.double() / 255 - torch.tensor(CLIP_MEAN, dtype=torch.float64).view(1, 3, 1, 1)) / torch.tensor(
+        CLIP_STD, dtype=torch.float64).view(1, 3, 1, 1)
+    assert out["image"].dtype == torch.float32 and torch.allclose(out["image"].double(), expected, atol=1e-6)
+    assert out["input_ids"].dtype == torch.long and out["is_pad"] is batch["is_pad"] and out["text"] == ["a", "b"]
+    # a float image (the float path, or a test's injected NaN) passes as it is: normalised once only
+    assert torch.equal(_to_device({"image": float_image}, torch.device("cpu"), None, normalize)["image"], float_image)
+    with pytest.raises(ValueError, match="image_normalize"):
+        _to_device({"image": image}, torch.device("cpu"))

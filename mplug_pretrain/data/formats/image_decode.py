@@ -7,11 +7,22 @@
   alpha (``RGBA``, ``LA``, ``PA``, palette with transparency) -> composited over white, i.e.
   ``out = a * c + (1 - a) * 255`` with ``a = alpha / 255``.
 A broken field raises ``SampleError`` whose ``kind`` is the ``DecodeStats`` counter it goes to.
+
+Decompression bombs: an image of more than ``max_image_pixels`` (width x height from the header, read before
+any pixel is decoded; data.max_image_pixels, default 64 Mpx) is skipped as ``too_many_pixels``. PIL's own limit
+(``Image.MAX_IMAGE_PIXELS``) is set to the same value in every process that imports this module or sets the cap,
+so no other PIL call of ours decodes a bomb either.
+
+Draft mode (training only): ``draft_side`` lets libjpeg decode a JPEG at 1/2, 1/4 or 1/8 scale (its DCT scaling)
+when the image stays at least ``draft_side`` pixels on each side: a 2048 x 1536 photo for 256 px training with
+draft_side 512 decodes at 1024 x 768. Those pixels are libjpeg's scaled IDCT, close to a box-filtered
+downscale, not PIL's; evaluation never drafts.
 """
 from __future__ import annotations
 
 import io
 import json
+import warnings
 
 import numpy as np
 from PIL import Image
@@ -19,6 +30,17 @@ from PIL import Image
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif")
 _INT_GREY_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _ALPHA_MODES = ("RGBA", "LA", "La", "RGBa", "PA")
+DEFAULT_MAX_IMAGE_PIXELS = 64 * 2**20
+_limits = {"max_image_pixels": DEFAULT_MAX_IMAGE_PIXELS}
+
+
+def set_max_image_pixels(max_pixels: int) -> None:
+    """The pixel cap of this process: ours and PIL's (a DataLoader worker calls it with the spec's value)."""
+    _limits["max_image_pixels"] = int(max_pixels)
+    Image.MAX_IMAGE_PIXELS = int(max_pixels)
+
+
+set_max_image_pixels(DEFAULT_MAX_IMAGE_PIXELS)
 
 
 class SampleError(Exception):
@@ -49,15 +71,38 @@ def to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255
     return image.convert("RGB")
 
 
-def decode_image(data: bytes | None) -> Image.Image:
-    """Encoded image bytes -> RGB PIL image, fully loaded (a truncated file fails here, not later)."""
+def open_image(data: bytes) -> Image.Image:
+    """The header only (nothing decoded yet); more than the pixel cap raises ``too_many_pixels``."""
+    max_pixels = _limits["max_image_pixels"]
+    try:
+        with warnings.catch_warnings():  # PIL warns above its limit and raises above twice it: both are a skip
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as err:
+        raise SampleError("too_many_pixels", f"image over the {max_pixels}-pixel cap (data.max_image_pixels): "
+                                             f"{err}") from err
+    width, height = image.size
+    if width * height > max_pixels:
+        raise SampleError("too_many_pixels", f"{width} x {height} image over the {max_pixels}-pixel cap "
+                                             "(data.max_image_pixels)")
+    return image
+
+
+def decode_image(data: bytes | None, draft_side: int | None = None) -> Image.Image:
+    """Encoded image bytes -> RGB PIL image, fully loaded (a truncated file fails here, not later).
+    ``draft_side``: a JPEG may decode at a reduced scale that keeps both sides >= it (training only)."""
     if data is None:
         raise SampleError("missing_image", "no image field (jpg/png/...)")
     if len(data) == 0:
         raise SampleError("empty_image", "zero-byte image")
     try:
-        image = Image.open(io.BytesIO(data))
+        image = open_image(data)
+        full_size = image.size
+        if draft_side is not None and image.format == "JPEG" and image.draft(image.mode, (draft_side, draft_side)):
+            image.info["undrafted_size"] = full_size  # the crop box is drawn on it (data/resized_crop.py)
         image.load()
+    except SampleError:
+        raise
     except Exception as err:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError...
         raise SampleError("corrupt_image", f"undecodable image ({type(err).__name__}: {err})") from err
     return to_rgb(image)

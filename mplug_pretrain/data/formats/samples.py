@@ -2,7 +2,7 @@
 blank filler looks like. One class per batch contract; ``is_pad`` bool [B] marks fillers.
 
 ImageTextFormat (pretraining, captioning):
-  image float32 [B,3,H,W]; input_ids, attention_mask long [B,T] (T = longest <= max_text_len);
+  image float32 [B,3,H,W] (uint8 with image_dtype=torch.uint8: the training loaders, normalised on the device); input_ids, attention_mask long [B,T] (T = longest <= max_text_len);
   image_id long [B]; text list[str]; __key__ list[str]; is_pad bool [B]
 VQAFormat:
   image; question_input_ids, question_attention_mask long [B,T]; question list[str];
@@ -68,19 +68,22 @@ def json_list(meta: dict, key: str) -> list:
 class ImageTextFormat:
     shard_kinds = ("image-text",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
 
-    def __init__(self, transform, tokenizer, max_text_len: int, image_size: int):
+    def __init__(self, transform, tokenizer, max_text_len: int, image_size: int,
+                 image_dtype: torch.dtype = torch.float32, draft_side: int | None = None):
         self.transform, self.tokenizer = transform, tokenizer
         self.max_text_len, self.image_size = max_text_len, image_size
+        self.image_dtype, self.draft_side = image_dtype, draft_side
 
     def decode(self, sample: dict, seed: int) -> dict:
-        image = decode_image(image_field(sample))
+        image = decode_image(image_field(sample), self.draft_side)
         text = decode_text(sample.get("txt"))
         meta = decode_json(sample.get("json"))
         return {"image": seeded_transform(self.transform, image, derive_seed(seed, sample["__pos__"])),
                 "text": text, "image_id": image_id_of(meta, sample), "__key__": sample["__key__"]}
 
     def blank(self) -> dict:
-        return {"image": torch.zeros(3, self.image_size, self.image_size), "text": "", "image_id": -1, "__key__": ""}
+        return {"image": torch.zeros(3, self.image_size, self.image_size, dtype=self.image_dtype), "text": "",
+                "image_id": -1, "__key__": ""}
 
     def collate(self, samples: list[dict], is_pad: list[bool]) -> dict:
         input_ids, attention_mask = tokenize(self.tokenizer, [s["text"] for s in samples], self.max_text_len)
@@ -101,12 +104,14 @@ def answer_targets(answers: list[str]) -> tuple[list[str], list[float]]:
 class VQAFormat:
     shard_kinds = ("vqa",)  # the manifest kinds it reads (data/reading/pipeline.check_shard_kind)
 
-    def __init__(self, transform, tokenizer, max_text_len: int, image_size: int):
+    def __init__(self, transform, tokenizer, max_text_len: int, image_size: int,
+                 image_dtype: torch.dtype = torch.float32, draft_side: int | None = None):
         self.transform, self.tokenizer = transform, tokenizer
         self.max_text_len, self.image_size = max_text_len, image_size
+        self.image_dtype, self.draft_side = image_dtype, draft_side
 
     def decode(self, sample: dict, seed: int) -> dict:
-        image = decode_image(image_field(sample))
+        image = decode_image(image_field(sample), self.draft_side)
         meta = decode_json(sample.get("json"))
         question = decode_text(meta.get("question", sample.get("txt")), "question")
         raw = [str(a.get("answer", "") if isinstance(a, dict) else a).strip() for a in json_list(meta, "answers")]
@@ -117,7 +122,7 @@ class VQAFormat:
                 "__key__": sample["__key__"]}
 
     def blank(self) -> dict:
-        return {"image": torch.zeros(3, self.image_size, self.image_size), "question": "", "answers": [],
+        return {"image": torch.zeros(3, self.image_size, self.image_size, dtype=self.image_dtype), "question": "", "answers": [],
                 "answer_weights": [], "all_answers": [], "question_id": -1, "image_id": -1, "__key__": ""}
 
     def collate(self, samples: list[dict], is_pad: list[bool]) -> dict:

@@ -7,7 +7,7 @@ the loader in the main process ``merge``s them, so the main process sees all wor
 Counters: ``decoded`` (usable samples), ``padded`` (filler samples flagged ``is_pad``), and the
 skip reasons: ``truncated_tar``/``bad_tar`` (per shard), ``missing_samples`` (listed in the
 manifest but never read, e.g. behind a truncation), ``missing_image``, ``empty_image``,
-``corrupt_image``, ``missing_caption``, ``bad_caption_encoding``, ``missing_question``,
+``corrupt_image``, ``too_many_pixels`` (over data.max_image_pixels, skipped before decoding), ``missing_caption``, ``bad_caption_encoding``, ``missing_question``,
 ``bad_question_encoding``, ``bad_json`` (not JSON, or a field of the wrong type), ``bad_image_id`` (an integer
 outside int64), ``missing_video``, ``corrupt_video``, ``decode_error`` (any other exception while decoding one
 sample), ``collate_error`` (a sample that cannot be batched), ``other`` (a kind not listed here, when summed
@@ -23,7 +23,7 @@ from collections import Counter
 NOT_SKIPS = ("decoded", "padded")
 SHARD_EVENTS = ("truncated_tar", "bad_tar")  # counted per shard; the samples a break lost are missing_samples
 KINDS = ("decoded", "padded", "truncated_tar", "bad_tar", "missing_samples", "missing_image", "empty_image",
-         "corrupt_image", "missing_caption", "bad_caption_encoding", "missing_question", "bad_question_encoding",
+         "corrupt_image", "too_many_pixels", "missing_caption", "bad_caption_encoding", "missing_question", "bad_question_encoding",
          "bad_json", "bad_image_id", "missing_video", "corrupt_video", "decode_error", "collate_error", "other")
 
 

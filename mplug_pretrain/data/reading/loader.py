@@ -3,13 +3,16 @@ stream batches itself) over a ``ShardStream``, plus epoch/resume position and de
 
     loader.num_batches   batches per rank per epoch (the same on every rank)
     len(loader)          batches this iteration yields (num_batches - start_batch)
-    loader.set_epoch(e, start_batch=0)
+    loader.set_epoch(e, start_batch=0)  the next pass (its persistent workers read the new position)
     loader.stats         DecodeStats summed over all workers and iterations; loader.log_line()
+    loader.image_normalize  None (float images), or the ``DeviceNormalize`` the consumer applies to the batches'
+                         uint8 ``image`` on its device (train/loop.py does)
 """
 from __future__ import annotations
 
 import logging
 import signal
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -46,20 +49,20 @@ def worker_message(err: Exception) -> str:
     return last.removeprefix(f"{type(err).__module__}.{type(err).__qualname__}: ")
 
 
-def _stop_workers(batches) -> None:
-    """Join a DataLoader iterator's workers now, on the error path. The exception's traceback holds the iterator,
-    so it is collected only at interpreter exit, when torch no longer shuts its workers down and multiprocessing
-    SIGTERMs them (which ``leave_stop_signals_to_main`` ignores) and waits for ever; a worker that raised a
-    DataError hung the run. Shutting down here tells the workers to exit and joins them."""
-    shutdown = getattr(batches, "_shutdown_workers", None)  # torch's own clean shutdown (no public close())
-    if shutdown is not None:
-        shutdown()
+def stop_workers(dataloader: DataLoader) -> None:
+    """End a DataLoader's persistent workers now. Needed at interpreter exit: multiprocessing then SIGTERMs its
+    daemon children and waits for them, and our workers ignore SIGTERM (``leave_stop_signals_to_main``)."""
+    iterator = getattr(dataloader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
 
 
 class ShardLoader:
-    def __init__(self, stream, answer_list: list[str] | None = None):
+    def __init__(self, stream, answer_list: list[str] | None = None, image_normalize=None):
         self.stream = stream  # a ShardStream: its ``spec`` (data/reading/loader_spec.py) says how many workers
         self.answer_list = answer_list
+        self.image_normalize = image_normalize
+        self._dataloader: DataLoader | None = None  # made at the first pass, its workers kept for the next ones
         self.num_batches = stream.spec.workers * stream.batches_per_slot
         self.stats = DecodeStats()
         self.set_epoch(stream.epoch, stream.start_batch)
@@ -76,7 +79,7 @@ class ShardLoader:
         if epoch < 0 or not 0 <= start_batch <= self.num_batches:
             raise ConfigError(f"data position: epoch {epoch}, start_batch {start_batch} outside "
                               f"0..{self.num_batches} batches per epoch")
-        self.stream.epoch, self.stream.start_batch = epoch, start_batch
+        self.stream.move_to(epoch, start_batch)
 
     def __len__(self) -> int:
         return self.num_batches - self.stream.start_batch
@@ -87,17 +90,23 @@ class ShardLoader:
         # draw happened before step 1 in an uninterrupted run but after the RNG restore in a resumed one,
         # so dropout / MLM masking diverged after resume. Our data is seeded explicitly (epoch_plan), so
         # the base seed gets a private generator and the training RNG stream is never touched.
-        base_seed = torch.Generator().manual_seed(derive_seed(self.stream.spec.seed, self.stream.epoch, "dataloader"))
-        spec = self.stream.spec
-        loader = DataLoader(self.stream, batch_size=None, num_workers=spec.num_workers, pin_memory=spec.pin_memory,
-                            persistent_workers=False, generator=base_seed, worker_init_fn=leave_stop_signals_to_main)
-        batches = iter(loader)
+        if self._dataloader is None:
+            base_seed = torch.Generator().manual_seed(derive_seed(self.stream.spec.seed, "dataloader"))
+            spec = self.stream.spec
+            # persistent: the workers (and their imports, tokenizer, transforms) outlive a pass; each new pass
+            # (the next epoch, set_epoch) starts their streams again from the shared position (ShardStream)
+            self._dataloader = DataLoader(self.stream, batch_size=None, num_workers=spec.num_workers,
+                                          pin_memory=spec.pin_memory, persistent_workers=spec.num_workers > 0,
+                                          generator=base_seed, worker_init_fn=leave_stop_signals_to_main)
+            weakref.finalize(self, stop_workers, self._dataloader)  # when this loader goes, or at exit
         try:
-            for batch in batches:
+            for batch in self._dataloader:
                 self.stats.merge(batch.pop("__stats__"))
                 yield batch
         except Exception as err:
-            _stop_workers(batches)
+            # the exception's traceback keeps the iterator alive until interpreter exit, when torch no longer shuts
+            # its workers down and multiprocessing waits for ever on workers that ignore SIGTERM: stop them now
+            stop_workers(self._dataloader)
             if isinstance(err, (ConfigError, DataError)):
                 raise type(err)(worker_message(err)) from None
             raise

@@ -13,12 +13,14 @@ which the public builders make from an image size, a text length and a tokenizer
     weights            resampled: one weight per '::' source
     epoch, start_batch where the walk starts (resume: the batches of this epoch already consumed)
     rank, world_size   this process's place; None: torch.distributed, else RANK / WORLD_SIZE, else (0, 1)
+    max_image_pixels   images over this many pixels are skipped before decoding (``too_many_pixels``)
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mplug_pretrain.data.formats.image_decode import DEFAULT_MAX_IMAGE_PIXELS
 from mplug_pretrain.errors import ConfigError
 
 MODES = ("exact", "resampled")
@@ -40,6 +42,7 @@ class LoaderSpec:
     rank: int | None = None
     world_size: int | None = None
     pin_memory: bool = False
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -47,6 +50,8 @@ class LoaderSpec:
         if self.batch_size < 1 or self.num_workers < 0 or self.shuffle_buffer < 1:
             raise ConfigError(f"data: batch_size {self.batch_size}, num_workers {self.num_workers}, shuffle_buffer "
                               f"{self.shuffle_buffer}: need >= 1, >= 0, >= 1")
+        if self.max_image_pixels < 1:
+            raise ConfigError(f"data.max_image_pixels: {self.max_image_pixels} must be >= 1")
         if self.mode == "exact" and self.weights is not None:
             raise ConfigError("data.train_weights: source weights need data.mode=resampled (exact mode reads every "
                               "sample once)")

@@ -26,9 +26,12 @@ import os
 import random
 from functools import partial
 
+import torch
 import webdataset as wds
 from torch.utils.data import IterableDataset, get_worker_info
 
+from mplug_pretrain.data.device_normalize import DeviceNormalize
+from mplug_pretrain.data.formats.image_decode import set_max_image_pixels
 from mplug_pretrain.data.formats.manifest import (
     dataset_entry,
     listed_kinds,
@@ -59,7 +62,14 @@ from mplug_pretrain.data.reading.stages import (
     url_list,
 )
 from mplug_pretrain.data.reading.urls import ShardSource, all_shards, expand_sources
-from mplug_pretrain.data.transforms import build_eval_transform, build_train_transform
+from mplug_pretrain.data.transforms import (
+    CLIP_MEAN,
+    CLIP_STD,
+    build_eval_transform,
+    build_eval_transform_uint8,
+    build_train_transform,
+    build_train_transform_uint8,
+)
 from mplug_pretrain.errors import ConfigError, DataError
 from mplug_pretrain.utils import process_group
 
@@ -78,14 +88,27 @@ def _rank_and_world_size(rank: int | None, world_size: int | None) -> tuple[int,
 
 class ShardStream(IterableDataset):
     """The per-worker stream of ready batches for one rank (see the module docstring). ``epoch`` and
-    ``start_batch`` start at the spec's and move with ``ShardLoader.set_epoch``."""
+    ``start_batch`` start at the spec's and move with ``ShardLoader.set_epoch``; they live in a shared-memory
+    tensor, so persistent DataLoader workers (which keep their copy of this object) read the new position at the
+    start of each pass."""
 
     def __init__(self, spec: LoaderSpec, fmt, sources: list[ShardSource], rank: int, world_size: int,
                  plan: ExactPlan | None, batches_per_slot: int):
         super().__init__()
         self.spec, self.fmt, self.sources, self.rank, self.world_size = spec, fmt, sources, rank, world_size
         self.plan, self.batches_per_slot = plan, batches_per_slot
-        self.epoch, self.start_batch = spec.epoch, spec.start_batch
+        self.position = torch.tensor([spec.epoch, spec.start_batch], dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self.position[0])
+
+    @property
+    def start_batch(self) -> int:
+        return int(self.position[1])
+
+    def move_to(self, epoch: int, start_batch: int) -> None:
+        self.position[0], self.position[1] = epoch, start_batch
 
     def __iter__(self):
         info = get_worker_info()
@@ -93,6 +116,7 @@ class ShardStream(IterableDataset):
         if running != workers:
             raise RuntimeError(f"ShardStream planned for {workers} worker(s) runs in {running}; "
                                "iterate it through its ShardLoader")
+        set_max_image_pixels(self.spec.max_image_pixels)  # in the process that decodes (a worker)
         slot = logical_slot(info.id if info else 0, workers, self.start_batch)
         global_slot = self.rank * workers + slot
         skip = local_skip(self.start_batch, slot, workers)
@@ -155,8 +179,10 @@ def check_shard_kind(shards: list[str], fmt) -> None:
                             f"{' or '.join(repr(k) for k in wanted)} shards (see `mplug make-shards --help`)")
 
 
-def build_loader(spec: LoaderSpec, fmt, answer_list: list[str] | None = None) -> ShardLoader:
-    """Any sample format; the public builders below make the format from sizes and a tokenizer."""
+def build_loader(spec: LoaderSpec, fmt, answer_list: list[str] | None = None,
+                 image_normalize: DeviceNormalize | None = None) -> ShardLoader:
+    """Any sample format; the public builders below make the format from sizes and a tokenizer.
+    ``image_normalize``: the format's images are uint8 and the consumer normalises them with it."""
     rank, world_size = _rank_and_world_size(spec.rank, spec.world_size)
     sources = expand_sources(spec.urls, spec.weights)
     shards = all_shards(sources)
@@ -172,17 +198,30 @@ def build_loader(spec: LoaderSpec, fmt, answer_list: list[str] | None = None) ->
         batches_per_slot = resampled_batches_per_slot(total, batch_size=spec.batch_size, world_size=world_size,
                                                       workers=spec.workers)
     stream = ShardStream(spec, fmt, sources, rank, world_size, plan, batches_per_slot)
-    return ShardLoader(stream, answer_list=answer_list)
+    return ShardLoader(stream, answer_list=answer_list, image_normalize=image_normalize)
 
 
 def _image_transform(image_size: int, augment: bool):
     return build_train_transform(image_size) if augment else build_eval_transform(image_size)
 
 
+def training_images(image_size: int, augment: bool) -> dict:
+    """The keyword arguments of a training format that sends uint8 images (normalised by the training step on
+    its device, ``DeviceNormalize`` with CLIP's mean / std, as the float transform) and drafts large JPEGs
+    (``augment`` only: the crop is then still >= 1.2x the target; the eval transform stays exact)."""
+    transform = build_train_transform_uint8(image_size) if augment else build_eval_transform_uint8(image_size)
+    return {"transform": transform, "image_dtype": torch.uint8, "draft_side": 2 * image_size if augment else None}
+
+
 def build_pretrain_loader(spec: LoaderSpec, tokenizer, *, image_size: int, max_text_len: int,
-                          augment: bool) -> ShardLoader:
+                          augment: bool, uint8_images: bool = False) -> ShardLoader:
     """Image-text batches (pretraining, caption fine-tuning); ``augment``: the training augmentation, else the
-    eval transform."""
+    eval transform. ``uint8_images``: uint8 [B, 3, H, W] images and ``loader.image_normalize`` for the training
+    step (train/loop.py applies it), else float32 normalised in the workers."""
+    if uint8_images:
+        fmt = ImageTextFormat(tokenizer=tokenizer, max_text_len=max_text_len, image_size=image_size,
+                              **training_images(image_size, augment))
+        return build_loader(spec, fmt, image_normalize=DeviceNormalize(CLIP_MEAN, CLIP_STD))
     return build_loader(spec, ImageTextFormat(_image_transform(image_size, augment), tokenizer, max_text_len,
                                               image_size))
 

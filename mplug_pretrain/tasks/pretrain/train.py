@@ -42,7 +42,7 @@ def build_train_loader(cfg: Config, spec: LoaderSpec):
     from mplug_pretrain.data.reading.pipeline import build_pretrain_loader
     from mplug_pretrain.data.tokenizer import load_tokenizer
     return build_pretrain_loader(spec, load_tokenizer(cfg.data.tokenizer), image_size=cfg.model.vision.image_size,
-                                 max_text_len=cfg.data.max_text_len, augment=cfg.data.augment)
+                                 max_text_len=cfg.data.max_text_len, augment=cfg.data.augment, uint8_images=True)
 
 
 def flops_per_sample(cfg: Config, batch: dict) -> float | None:

@@ -45,7 +45,7 @@ def run(cfg: Config, resume: str | None = None) -> dict:
 
     def make_loader(cfg: Config, spec: LoaderSpec):
         return build_pretrain_loader(spec, tokenizer, image_size=finetune_image_size(cfg, r.image_size),
-                                     max_text_len=cfg.data.max_text_len, augment=r.augment)
+                                     max_text_len=cfg.data.max_text_len, augment=r.augment, uint8_images=True)
 
     def losses(engine, batch: dict, state: TrainerState) -> dict:
         out = engine(batch, alpha=distill_alpha(cfg, state.global_step))

@@ -99,3 +99,21 @@ def test_all_modes_decode_through_the_pipeline(tmp_path, tokenizer):
     assert sorted(batch["__key__"]) == sorted(images) and not batch["is_pad"].any()
     assert batch["image"].shape == (len(images), 3, 16, 16) and bool(batch["image"].isfinite().all())
     assert lo.stats.skipped == {} and lo.stats.counts["decoded"] == len(images)
+
+
+def test_draft_mode_decodes_large_jpegs_smaller_and_nothing_else():
+    """``draft_side``: a JPEG at least 2x it on each side decodes at 1/2 (1/4, 1/8) scale, keeping both sides
+    >= it and its full size in info; smaller JPEGs, PNGs and ``draft_side=None`` decode at full size."""
+    from tests.data.photo_samples import photo, photo_jpeg
+    big = photo_jpeg(0, (400, 300))
+    drafted = decode_image(big, draft_side=96)
+    assert drafted.size == (200, 150) and drafted.info["undrafted_size"] == (400, 300)
+    assert decode_image(big, draft_side=40).size == (100, 75)  # 1/4: still >= 40 a side
+    assert decode_image(big, draft_side=151).size == (400, 300)  # 1/2 would leave 150 < 151
+    assert decode_image(big).size == (400, 300) and "undrafted_size" not in decode_image(big).info
+    png = io.BytesIO()
+    photo(0, (400, 300)).save(png, format="PNG")
+    assert decode_image(png.getvalue(), draft_side=40).size == (400, 300)
+    # the half-scale decode is the same picture: close to a box-filtered full decode
+    full = np.asarray(decode_image(big).resize((200, 150), Image.BOX)).astype(int)
+    assert np.abs(np.asarray(drafted).astype(int) - full).mean() < 3
