@@ -95,7 +95,8 @@ class RunConfig:
     wandb_entity: str | None = None
     deterministic: bool = False
     inject_nonfinite_at_steps: list[int] = field(default_factory=list)  # testing aid: NaN loss at these steps
-    compile: bool = False  # torch.compile the model (DeepSpeed engine.compile) before training
+    compile: bool = False  # torch.compile each transformer block, text padded to a multiple of 8 (train/block_compile.py)
+    compile_backend: str = "inductor"  # torch.compile backend of run.compile ("aot_eager": capture only, no codegen)
     allow_random_init: bool = False  # pretrain a base/large model without CLIP/BERT weights on purpose
     cpu_peak_flops: float | None = None  # FLOP/s to compute MFU against on CPU (None: no MFU on CPU)
     overwrite: bool = False  # replace a previous run in this folder (without it, a run folder is refused unless resumed)
@@ -363,6 +364,8 @@ def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
     check_positive(r.checkpoint_every_minutes, "run.checkpoint_every_minutes")
     check_positive(r.keep_last, "run.keep_last")
     check_positive(r.max_nonfinite_in_row, "run.max_nonfinite_in_row")
+    if r.compile:
+        _validate_compile(r.compile_backend, dist.zero_stage)
     if not r.name or "/" in r.name or r.name.startswith("."):
         raise ConfigError(f"run.name: expected a plain folder name, got {r.name!r}")
     _validate_field_names(cfg, r.allow_config_change, "run.allow_config_change")
@@ -412,6 +415,18 @@ def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
         for name, value, shards in (evaluation if check_paths == "eval" else training + evaluation):
             if value is not None:
                 (check_path if shards else check_exists)(value, name)
+
+
+def _validate_compile(backend: str, zero_stage: int) -> None:
+    """ConfigError unless ``backend`` is a torch.compile backend and the ZeRO stage keeps whole parameters
+    (ZeRO-3 gathers them in hooks on every sub-module: each would break a block's graph)."""
+    from torch._dynamo import list_backends
+    known = sorted(set(list_backends(exclude_tags=())) | {"eager", "aot_eager"})
+    if backend not in known:
+        raise ConfigError(f"run.compile_backend: unknown torch.compile backend {backend!r} (known: {', '.join(known)})")
+    if zero_stage == 3:
+        raise ConfigError("run.compile: not with distributed.zero_stage=3 (its parameter gathers run inside every "
+                          "block and break the compiled graphs); use zero_stage 0-2, or run.compile=false")
 
 
 def _validate_field_names(cfg: Config, names: list[str], where: str) -> None:

@@ -78,7 +78,8 @@ def build_engine(model, cfg: Config, world_size: int):
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     _check_fp32_parameters(engine.module)
     if cfg.run.compile:
-        engine.compile()  # torch.compile of the wrapped module (DeepSpeed keeps hooks and state dict names)
+        from mplug_pretrain.train.block_compile import compile_blocks
+        compile_blocks(engine.module, cfg.run.compile_backend)  # in place: names and DeepSpeed's hooks unchanged
     return engine, optimizer, ds_config
 
 

@@ -31,6 +31,7 @@ from mplug_pretrain.config import Config, config_text, save_config
 from mplug_pretrain.data.reading.decode_stats import DecodeStats, sum_over_ranks
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.train import checkpoint as ckpt
+from mplug_pretrain.train.block_compile import TEXT_LENGTH_MULTIPLE, pad_text, transformer_blocks
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.config_change import check_resume_config
 from mplug_pretrain.train.distributed import init_distributed
@@ -206,6 +207,9 @@ def _prepare(cfg: Config, task: TrainTask, resume: str | None, info, lock: RunFo
 
     model = task.build_model(cfg)
     engine, optimizer, _ = build_engine(model, cfg, world)
+    if cfg.run.compile and rank == 0:
+        print(f"[train] run.compile: {len(transformer_blocks(engine.module))} blocks compiled one by one "
+              f"({cfg.run.compile_backend}; text padded to a multiple of {TEXT_LENGTH_MULTIPLE})", flush=True)
     float_dtype = None  # batches stay fp32: a bf16 engine's own autocast casts them at its bf16 matmuls
     on_gpu = torch.device(engine.device).type == "cuda"
     # the GPU table holds bf16 peaks: an fp32 run on a GPU reports no MFU rather than a wrong one
@@ -251,6 +255,8 @@ def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
     if run.task.flops_per_sample is not None and run.peak_flops is not None:
         run.flops_per_sample = run.task.flops_per_sample(cfg, batch)
     batch = _to_device(batch, run.device, run.float_dtype)
+    if cfg.run.compile:
+        batch = pad_text(batch)  # a few static text lengths for the compiled blocks
     out = run.task.losses(engine, batch, state)  # no autocast here: a bf16 engine enters its own
     loss = out["loss"]
     if state.global_step in run.nan_steps and run.micro == 0:
