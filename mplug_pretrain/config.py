@@ -77,6 +77,9 @@ class DistributedConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on a GPU that has it, else fp32
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     timeout_minutes: float = 30.0  # a dead rank fails the job after this instead of hanging it
+    # ZeRO 1-2 on a single rank partition nothing: run them as ZeRO-0 (no flat gradient buffer, no all-reduce
+    # and copy back of every gradient, one optimizer step over all groups); false keeps the stage as written
+    single_rank_zero0: bool = True
 
 
 @dataclass
@@ -542,7 +545,18 @@ def read_deepspeed_template(path: str, zero_stage: int) -> dict:
     return template
 
 
-def deepspeed_config(cfg: Config, world_size: int) -> dict:
+def engine_zero_stage(cfg: Config, world_size: int, partitioned_checkpoint: bool = False) -> int:
+    """The ZeRO stage the engine runs: ``distributed.zero_stage``, except stages 1-2 on one rank, which run as
+    stage 0 (``distributed.single_rank_zero0``; not with the optimizer offloaded, nor to resume a checkpoint
+    written in the partitioned layout, ``partitioned_checkpoint``)."""
+    dist = cfg.distributed
+    if (world_size == 1 and dist.zero_stage in (1, 2) and dist.single_rank_zero0 and not dist.offload_optimizer
+            and not partitioned_checkpoint):
+        return 0
+    return dist.zero_stage
+
+
+def deepspeed_config(cfg: Config, world_size: int, partitioned_checkpoint: bool = False) -> dict:
     """Template (deepspeed_configs/) + the values derived from the run config.
 
     The template holds ZeRO tuning only; batch sizes, accumulation, clipping, precision and the
@@ -567,7 +581,7 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
     if cfg.optim.grad_accum_steps > 1:
         ds["data_types"] = {**ds.get("data_types", {}), "grad_accum_dtype": "fp32"}
     zero = dict(ds.get("zero_optimization", {}))
-    zero["stage"] = dist.zero_stage
+    zero["stage"] = engine_zero_stage(cfg, world_size, partitioned_checkpoint)
     if dist.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     else:
