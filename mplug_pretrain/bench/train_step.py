@@ -189,14 +189,20 @@ def _launch(world: int, cases: list[tuple], timeout: float) -> list[dict]:
             return json.load(f)
 
 
-def run(out: str, quick: bool = False, base: bool = True) -> dict:
+def run(out: str, quick: bool = False, base: bool = True, profile: bool = False) -> dict:
     """quick=True (test suite): tiny preset at batch 4, 2 ranks, ZeRO 0 and 3, one timed step.
     Full: tiny x {1, 2 ranks} x ZeRO {0,1,2,3} x checkpointing {off, on}; base at batch 2 per rank,
-    1 rank, ZeRO 2 (the default stage), checkpointing off and on (2 timed steps: on 2 CPU cores a base step is slow)."""
+    1 rank, ZeRO 2 (the default stage), checkpointing off and on (2 timed steps: on 2 CPU cores a base step is slow).
+    profile=True (``--profile``): bench/train_step_profile.py on the CPU, the GPU bench with its profile on CUDA."""
     import torch
     if torch.cuda.is_available():
         from mplug_pretrain.bench.train_step_gpu import run as run_gpu
+        if profile:
+            os.environ["MPLUG_BENCH_GPU_PROFILE"] = "1"
         return run_gpu(out, quick=quick)
+    if profile:
+        from mplug_pretrain.bench.train_step_profile import run as run_profile
+        return run_profile(out, quick=quick)
     rows, load_before = [], os.getloadavg()
     if quick:
         rows += _launch(2, [("quick", 0, False), ("quick", 3, False)], timeout=300)
