@@ -15,6 +15,15 @@ import json
 import os
 
 
+def init_single_process() -> None:
+    """torch.distributed (gloo) for this one process, on a free port unless MASTER_PORT is set."""
+    from mplug_pretrain.train.distributed import free_port, init_distributed
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    init_distributed("gloo", 5)
+
+
 def _demo_run(overrides: list[str]):
     """(cfg, engine, bare loop run, batch iterator): a single-process ZeRO-2 tiny run on the demo shards."""
     import torch
@@ -23,14 +32,10 @@ def _demo_run(overrides: list[str]):
     from mplug_pretrain.data.reading.loader_spec import LoaderSpec
     from mplug_pretrain.demo.shards import ensure_demo_shards
     from mplug_pretrain.tasks.pretrain.train import build_model, build_train_loader
-    from mplug_pretrain.train.distributed import init_distributed
     from mplug_pretrain.train.engine import build_engine
     from mplug_pretrain.train.loop import TrainTask, bare_run
 
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29631"), ("RANK", "0"),
-                       ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        os.environ.setdefault(key, value)
-    init_distributed("gloo", 5)
+    init_single_process()
     shards = ensure_demo_shards()["pretrain_train"]
     cfg = load_config(None, ["model.preset=tiny", f"data.train_shards={shards}", "data.batch_size=4",
                              "data.num_workers=0", "model.heads.queue_size=32", "optim.warmup_steps=1",

@@ -77,24 +77,16 @@ def profile_case(preset: str, batch: dict, stage: int = 2, precision: str = "fp3
     return row
 
 
-def _init_single_process() -> None:
-    from mplug_pretrain.train.distributed import init_distributed
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29633"), ("RANK", "0"),
-                       ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        os.environ.setdefault(key, value)
-    init_distributed("gloo", 10)
-
-
 def run(out: str, quick: bool = False) -> dict:
     """CPU: tiny ZeRO-2 fp32 (timed) and bf16 (casts), eager; + compiled with MPLUG_BENCH_PROFILE_COMPILE=1."""
     import torch
 
     from mplug_pretrain.bench.common import pretrain_batch, write_bench
-    from mplug_pretrain.bench.host_syncs import count_optimizer_step_syncs
+    from mplug_pretrain.bench.host_syncs import count_optimizer_step_syncs, init_single_process
     threads = int(os.environ.get("MPLUG_BENCH_THREADS", "2"))
     torch.set_num_threads(threads)
     load_before = os.getloadavg()
-    _init_single_process()
+    init_single_process()
     setting = "quick" if quick else "tiny"
     batch_size, warmup = SETTINGS[setting]
     batch = pretrain_batch("tiny", batch_size)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from mplug_pretrain.bench.step_profile import BUCKETS, bucket_of, profile_step
 from mplug_pretrain.bench.step_proxies import StepOpCounter, count_step_ops
 from mplug_pretrain.models.presets import build_model
-from tests.helpers import call_mplug
+from tests.helpers import run_mplug
 from tests.models.test_mplug import pretrain_batch
 
 
@@ -93,7 +93,7 @@ def test_forward_ops_and_block_calls_follow_the_tiny_shape(text_batch):
 @pytest.mark.slow  # a single-rank DeepSpeed engine, fp32 and bf16 (bf16 is slow on this CPU), + host syncs: ~3 min
 def test_profile_cli_writes_buckets_counts_and_host_syncs(tmp_path, demo_shards):
     out = tmp_path / "profile.json"
-    proc = call_mplug(["bench", "train-step", "--profile", "--quick", "--out", out])
+    proc = run_mplug(["bench", "train-step", "--profile", "--quick", "--out", str(out)])  # its own process group
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     fp32, bf16 = result["rows"]
