@@ -79,6 +79,9 @@ class DistributedConfig:
     precision: Literal["auto", "fp32", "bf16"] = "auto"  # auto: bf16 on a GPU that has it, else fp32
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     timeout_minutes: float = 30.0  # a dead rank fails the job after this instead of hanging it
+    # ZeRO 1-2 on a single rank partition nothing: run them as ZeRO-0 (no flat gradient buffer, no all-reduce
+    # and copy back of every gradient, one optimizer step over all groups); false keeps the stage as written
+    single_rank_zero0: bool = True
 
 
 @dataclass
@@ -97,7 +100,8 @@ class RunConfig:
     wandb_entity: str | None = None
     deterministic: bool = False
     inject_nonfinite_at_steps: list[int] = field(default_factory=list)  # testing aid: NaN loss at these steps
-    compile: bool = False  # torch.compile the model (DeepSpeed engine.compile) before training
+    compile: bool = False  # torch.compile each transformer block, text padded to a multiple of 8 (train/block_compile.py)
+    compile_backend: str = "inductor"  # torch.compile backend of run.compile ("aot_eager": capture only, no codegen)
     allow_random_init: bool = False  # pretrain a base/large model without CLIP/BERT weights on purpose
     cpu_peak_flops: float | None = None  # FLOP/s to compute MFU against on CPU (None: no MFU on CPU)
     overwrite: bool = False  # replace a previous run in this folder (without it, a run folder is refused unless resumed)
@@ -373,6 +377,8 @@ def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
     check_positive(r.max_nonfinite_in_row, "run.max_nonfinite_in_row")
     check_positive(r.eval_every_steps, "run.eval_every_steps", allow_zero=True)
     check_positive(r.val_batches, "run.val_batches", allow_zero=True)
+    if r.compile:
+        _validate_compile(r.compile_backend, dist.zero_stage)
     if not r.name or "/" in r.name or r.name.startswith("."):
         raise ConfigError(f"run.name: expected a plain folder name, got {r.name!r}")
     _validate_field_names(cfg, r.allow_config_change, "run.allow_config_change")
@@ -422,6 +428,18 @@ def validate(cfg: Config, check_paths: bool | Literal["eval"] = True) -> None:
         for name, value, shards in (evaluation if check_paths == "eval" else training + evaluation):
             if value is not None:
                 (check_path if shards else check_exists)(value, name)
+
+
+def _validate_compile(backend: str, zero_stage: int) -> None:
+    """ConfigError unless ``backend`` is a torch.compile backend and the ZeRO stage keeps whole parameters
+    (ZeRO-3 gathers them in hooks on every sub-module: each would break a block's graph)."""
+    from torch._dynamo import list_backends
+    known = sorted(set(list_backends(exclude_tags=())) | {"eager", "aot_eager"})
+    if backend not in known:
+        raise ConfigError(f"run.compile_backend: unknown torch.compile backend {backend!r} (known: {', '.join(known)})")
+    if zero_stage == 3:
+        raise ConfigError("run.compile: not with distributed.zero_stage=3 (its parameter gathers run inside every "
+                          "block and break the compiled graphs); use zero_stage 0-2, or run.compile=false")
 
 
 def _validate_field_names(cfg: Config, names: list[str], where: str) -> None:
@@ -545,7 +563,18 @@ def read_deepspeed_template(path: str, zero_stage: int) -> dict:
     return template
 
 
-def deepspeed_config(cfg: Config, world_size: int) -> dict:
+def engine_zero_stage(cfg: Config, world_size: int, partitioned_checkpoint: bool = False) -> int:
+    """The ZeRO stage the engine runs: ``distributed.zero_stage``, except stages 1-2 on one rank, which run as
+    stage 0 (``distributed.single_rank_zero0``; not with the optimizer offloaded, nor to resume a checkpoint
+    written in the partitioned layout, ``partitioned_checkpoint``)."""
+    dist = cfg.distributed
+    if (world_size == 1 and dist.zero_stage in (1, 2) and dist.single_rank_zero0 and not dist.offload_optimizer
+            and not partitioned_checkpoint):
+        return 0
+    return dist.zero_stage
+
+
+def deepspeed_config(cfg: Config, world_size: int, partitioned_checkpoint: bool = False) -> dict:
     """Template (deepspeed_configs/) + the values derived from the run config.
 
     The template holds ZeRO tuning only; batch sizes, accumulation, clipping, precision and the
@@ -570,7 +599,7 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
     if cfg.optim.grad_accum_steps > 1:
         ds["data_types"] = {**ds.get("data_types", {}), "grad_accum_dtype": "fp32"}
     zero = dict(ds.get("zero_optimization", {}))
-    zero["stage"] = dist.zero_stage
+    zero["stage"] = engine_zero_stage(cfg, world_size, partitioned_checkpoint)
     if dist.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     else:

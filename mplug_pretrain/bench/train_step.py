@@ -1,6 +1,8 @@
 """`mplug bench train-step`: one pretraining step (all four losses, forward + backward + AdamW step) through
 the real DeepSpeed engine (train/engine.py, the shipped deepspeed_configs/zero{0,1,2,3}.json), fp32 on CPU with
-gloo, for 1 and 2 ranks (torchrun subprocesses), ZeRO 0/1/2/3, gradient checkpointing off and on.
+gloo, for 1 and 2 ranks (torchrun subprocesses), ZeRO 0/1/2/3, gradient checkpointing off and on. Every row runs
+its stage as written, on one rank too (distributed.single_rank_zero0=false: training runs ZeRO 1-2 on one rank as
+ZeRO-0, which this bench would otherwise measure twice); ``--profile`` runs bench/train_step_profile.py instead.
 
 The batch is one real batch of the demo pretraining shards (augmented, tokenized), reused every step, so data
 loading is excluded. step_seconds = median over the timed steps of rank 0's wall time (every ZeRO step ends in a
@@ -104,6 +106,8 @@ def _case(setting: str, stage: int, checkpointing: bool, world: int, batch: dict
     cfg = load_config(None, [f"model.preset={preset}", f"data.batch_size={batch_size}",
                              f"distributed.zero_stage={stage}", "distributed.precision=fp32",
                              f"model.grad_checkpointing={str(checkpointing).lower()}",
+                             # the stage as written, on one rank too: this bench compares the stages' state
+                             "distributed.single_rank_zero0=false",
                              "optim.warmup_steps=1", "optim.max_steps=100"], check_paths=False)
     torch.manual_seed(0)
     model = build_model(cfg)
@@ -189,14 +193,20 @@ def _launch(world: int, cases: list[tuple], timeout: float) -> list[dict]:
             return json.load(f)
 
 
-def run(out: str, quick: bool = False, base: bool = True) -> dict:
+def run(out: str, quick: bool = False, base: bool = True, profile: bool = False) -> dict:
     """quick=True (test suite): tiny preset at batch 4, 2 ranks, ZeRO 0 and 3, one timed step.
     Full: tiny x {1, 2 ranks} x ZeRO {0,1,2,3} x checkpointing {off, on}; base at batch 2 per rank,
-    1 rank, ZeRO 2 (the default stage), checkpointing off and on (2 timed steps: on 2 CPU cores a base step is slow)."""
+    1 rank, ZeRO 2 (the default stage), checkpointing off and on (2 timed steps: on 2 CPU cores a base step is slow).
+    profile=True (``--profile``): bench/train_step_profile.py on the CPU, the GPU bench with its profile on CUDA."""
     import torch
     if torch.cuda.is_available():
         from mplug_pretrain.bench.train_step_gpu import run as run_gpu
+        if profile:
+            os.environ["MPLUG_BENCH_GPU_PROFILE"] = "1"
         return run_gpu(out, quick=quick)
+    if profile:
+        from mplug_pretrain.bench.train_step_profile import run as run_profile
+        return run_profile(out, quick=quick)
     rows, load_before = [], os.getloadavg()
     if quick:
         rows += _launch(2, [("quick", 0, False), ("quick", 3, False)], timeout=300)

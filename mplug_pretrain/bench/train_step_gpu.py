@@ -14,11 +14,25 @@ size, its text padded to the ``TEXT_TOKENS`` = 30 tokens the FLOP count assumes,
 warm-up steps (the FLOP count, memory and largest batch are those of a full queue). Each case runs in a
 process of its own, so a CUDA error other than running out of memory loses that case only.
 Written to bench/results/train_step_gpu.json by default.
-A GPU lease is short: ``MPLUG_BENCH_GPU_CASES`` (e.g. ``base:2:off,large:2:off``: preset, ZeRO stage,
-checkpointing) picks the cases and ``MPLUG_BENCH_GPU_START_BATCH`` the first batch of the doubling.
+A GPU lease is short: ``MPLUG_BENCH_GPU_CASES`` picks the cases, ``preset:stage:checkpointing[:compile[:zero]]``
+with checkpointing off | on | selective, compile eager | compiled (run.compile: per-block torch.compile, text
+padded to a multiple of 8; the FLOP count stays that of the 30 tokens) and zero single (default: ZeRO 1-2 on one
+GPU run as ZeRO-0, distributed.single_rank_zero0) | keep (the stage as written); ``MPLUG_BENCH_GPU_START_BATCH``
+/ ``MPLUG_BENCH_GPU_MAX_BATCH`` bound the doubling (equal: one batch, no search: a compiled case compiles again
+at every batch size); ``MPLUG_BENCH_GPU_PROFILE=1`` adds one profiled step's buckets to each row (``profile_*``:
+bench/step_profile.py); ``MPLUG_BENCH_GPU_CASE_TIMEOUT`` (seconds) ends a case that runs longer, recorded as
+failed. A case that fails (a compile error, a timeout, a CUDA error) keeps its row with ``error`` and the
+others run. The lease script (<= 8 min on an H100, base ZeRO-2 eager vs compiled with the profile, large
+ZeRO-2, base ZeRO-3, and base ZeRO-2 kept partitioned for the before/after):
+
+    MPLUG_BENCH_GPU_START_BATCH=128 MPLUG_BENCH_GPU_MAX_BATCH=128 MPLUG_BENCH_GPU_PROFILE=1 \
+    MPLUG_BENCH_GPU_CASE_TIMEOUT=150 \
+    MPLUG_BENCH_GPU_CASES=base:2:off:eager:keep,base:2:off:eager,base:2:off:compiled,large:2:off:eager,base:3:off:eager \
+    mplug bench train-step --out bench/results/train_step_gpu_issue35.json
 """
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -56,31 +70,32 @@ def _tiled_batch(preset: str, batch_size: int, device) -> dict:
     return out
 
 
-def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) -> dict:
+def measure_case(preset: str, stage: int, checkpointing, batch_size: int, compile_: bool = False,
+                 single_rank_zero0: bool = True) -> dict:
     """One (preset, stage, checkpointing, batch) on this GPU; raises torch.cuda.OutOfMemoryError when it does not fit."""
     import torch
 
+    from mplug_pretrain.bench.step_profile import profile_step
+    from mplug_pretrain.bench.train_step_profile import step_function
     from mplug_pretrain.config import load_config
     from mplug_pretrain.tasks.pretrain.train import build_model, flops_per_sample
-    from mplug_pretrain.train.engine import after_optimizer_step, build_engine
+    from mplug_pretrain.train.block_compile import pad_text
+    from mplug_pretrain.train.engine import build_engine
     from mplug_pretrain.train.flops import current_peak_flops, mfu
     cfg = load_config(None, [f"model.preset={preset}", f"data.batch_size={batch_size}",
                              f"distributed.zero_stage={stage}", "distributed.precision=bf16",
                              f"model.grad_checkpointing={str(checkpointing).lower()}",
+                             f"run.compile={str(compile_).lower()}",
+                             f"distributed.single_rank_zero0={str(single_rank_zero0).lower()}",
                              "optim.warmup_steps=1", "optim.max_steps=100"], check_paths=False)
     torch.manual_seed(0)
     engine = None
     try:
-        engine, _, _ = build_engine(build_model(cfg), cfg, 1)
-        batch = _tiled_batch(preset, batch_size, engine.device)
+        engine, _, ds_config = build_engine(build_model(cfg), cfg, 1)
+        counted = _tiled_batch(preset, batch_size, engine.device)
+        batch = pad_text(counted) if compile_ else counted
         _fill_queues(engine.module)
-
-        def step() -> None:
-            loss = engine(batch)["loss"]  # the engine enters its own bf16 autocast (no autocast around it)
-            engine.module.commit_enqueue()  # the loop's enqueue once the loss is known finite
-            engine.backward(loss)
-            engine.step()
-            after_optimizer_step(engine, stage)  # the loop's (ZeRO-3: shard by shard)
+        step = step_function(engine, batch, stage)  # forward, the loop's enqueue, backward, step + momentum
 
         for _ in range(WARMUP_STEPS):
             step()
@@ -93,12 +108,16 @@ def measure_case(preset: str, stage: int, checkpointing: bool, batch_size: int) 
             torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
         seconds = statistics.median(times)
-        flops = flops_per_sample(cfg, batch)
-        return {"preset": preset, "zero_stage": stage, "grad_checkpointing": checkpointing,
-                "batch_per_rank": batch_size, "step_seconds": seconds, "samples_per_s": batch_size / seconds,
-                "peak_gpu_memory_mb": torch.cuda.max_memory_allocated() / 2**20, "flops_per_sample": flops,
-                "mfu": mfu(flops, batch_size / seconds, current_peak_flops(engine.device)),
-                "timed_steps": TIMED_STEPS}
+        flops = flops_per_sample(cfg, counted)
+        row = {"preset": preset, "zero_stage": stage, "grad_checkpointing": checkpointing, "compile": compile_,
+               "engine_zero_stage": ds_config["zero_optimization"]["stage"],
+               "batch_per_rank": batch_size, "step_seconds": seconds, "samples_per_s": batch_size / seconds,
+               "peak_gpu_memory_mb": torch.cuda.max_memory_allocated() / 2**20, "flops_per_sample": flops,
+               "mfu": mfu(flops, batch_size / seconds, current_peak_flops(engine.device)),
+               "timed_steps": TIMED_STEPS}
+        if os.environ.get("MPLUG_BENCH_GPU_PROFILE") == "1":
+            row.update({f"profile_{k}": v for k, v in profile_step(step, "cuda").items()})
+        return row
     finally:
         if engine is not None and hasattr(engine, "destroy"):
             engine.destroy()
@@ -138,6 +157,23 @@ def largest_batch(preset: str, stage: int, checkpointing: bool, start: int = STA
     return best
 
 
+def case_row(case, start: int, limit: int, measure=measure_case) -> dict:
+    """The row of one case (largest batch in [start, limit]); a failure other than running out of memory (a
+    compile error, a CUDA error raised as an exception) becomes the row's ``error``."""
+    preset, stage, ckpt, *options = case
+    compile_, single = options if options else (False, True)
+    try:
+        row = largest_batch(preset, stage, ckpt, start=start, limit=limit,
+                            measure=functools.partial(measure, compile_=compile_, single_rank_zero0=single))
+    except Exception as err:  # noqa: BLE001 (recorded: the lease goes on with the next case)
+        return {"preset": preset, "zero_stage": stage, "grad_checkpointing": ckpt, "compile": compile_,
+                "error": f"{type(err).__name__}: {str(err)[-2000:]}"}
+    if row is None:
+        row = {"preset": preset, "zero_stage": stage, "grad_checkpointing": ckpt, "batch_per_rank": 0,
+               "oom_at": start}
+    return row
+
+
 def worker(cases: list, out: str) -> None:
     import torch
 
@@ -145,11 +181,9 @@ def worker(cases: list, out: str) -> None:
     init_distributed("nccl", timeout_minutes=30)
     rows = []
     start = int(os.environ.get("MPLUG_BENCH_GPU_START_BATCH", START_BATCH))
-    for preset, stage, ckpt in cases:
-        row = largest_batch(preset, stage, ckpt, start=start)
-        if row is None:
-            row = {"preset": preset, "zero_stage": stage, "grad_checkpointing": ckpt, "batch_per_rank": 0,
-                   "oom_at": start}
+    limit = int(os.environ.get("MPLUG_BENCH_GPU_MAX_BATCH", MAX_BATCH))
+    for case in cases:
+        row = case_row(case, start, limit)
         rows.append(row)
         print(f"[train-step gpu] {json.dumps(row)}", flush=True)
         write_json_atomic(out, rows, indent=None)  # partial results survive a later failure
@@ -157,16 +191,29 @@ def worker(cases: list, out: str) -> None:
     shutdown_distributed()
 
 
-def cases_from_env(value: str | None) -> list[tuple[str, int, bool]] | None:
-    """``MPLUG_BENCH_GPU_CASES``: "preset:stage:on|off,..." -> [(preset, stage, checkpointing)]; None if unset."""
+CHECKPOINTING = {"off": False, "on": True, "selective": "selective"}
+COMPILE = {"eager": False, "compiled": True}
+ZERO = {"single": True, "keep": False}
+
+
+def cases_from_env(value: str | None) -> list[tuple] | None:
+    """``MPLUG_BENCH_GPU_CASES``: "preset:stage:off|on|selective[:eager|compiled[:single|keep]],..." ->
+    [(preset, stage, checkpointing)] or, with the options, [(preset, stage, checkpointing, compile,
+    single_rank_zero0)]; None if unset."""
     if not value:
         return None
     cases = []
     for item in value.split(","):
-        preset, stage, ckpt = item.strip().split(":")
-        if ckpt not in ("on", "off"):
-            raise ValueError(f"MPLUG_BENCH_GPU_CASES: {item!r}: checkpointing must be on or off")
-        cases.append((preset, int(stage), ckpt == "on"))
+        preset, stage, ckpt, *options = item.strip().split(":")
+        if ckpt not in CHECKPOINTING:
+            raise ValueError(f"MPLUG_BENCH_GPU_CASES: {item!r}: checkpointing must be off, on or selective")
+        if len(options) > 2 or (options and options[0] not in COMPILE) or (len(options) == 2 and options[1] not in ZERO):
+            raise ValueError(f"MPLUG_BENCH_GPU_CASES: {item!r}: after the checkpointing, eager|compiled and then "
+                             "single|keep")
+        case = (preset, int(stage), CHECKPOINTING[ckpt])
+        if options:
+            case += (COMPILE[options[0]], ZERO[options[1]] if len(options) == 2 else True)
+        cases.append(case)
     return cases
 
 
@@ -174,26 +221,34 @@ def run(out: str, quick: bool = False) -> dict:
     """quick: base preset, ZeRO 2, checkpointing off only."""
     from mplug_pretrain.config import REPO_ROOT
     cases = [("base", 2, False)] if quick else (cases_from_env(os.environ.get("MPLUG_BENCH_GPU_CASES")) or CASES)
+    timeout = float(os.environ["MPLUG_BENCH_GPU_CASE_TIMEOUT"]) if os.environ.get("MPLUG_BENCH_GPU_CASE_TIMEOUT") else None
     env = dict(os.environ)
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO_ROOT, ".cache", "torch_extensions"))
-    rows, failed = [], []
+    rows, failed, errors = [], [], []
     for case in cases:  # one process per case: a CUDA error loses that case, not the rest
         with tempfile.TemporaryDirectory() as tmp:
             rows_file = os.path.join(tmp, "rows.json")
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--standalone",
                    "-m", "mplug_pretrain.bench.train_step_gpu", "--worker", json.dumps([case]), "--rows", rows_file]
-            proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+            try:
+                proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False,
+                                      timeout=timeout)
+            except subprocess.TimeoutExpired as expired:
+                proc = subprocess.CompletedProcess(cmd, -1, expired.stdout or "", f"timed out after {timeout} s")
+                if isinstance(proc.stdout, bytes):
+                    proc.stdout = proc.stdout.decode(errors="replace")
             print(proc.stdout, end="", flush=True)
             if os.path.exists(rows_file):
                 with open(rows_file) as f:
                     rows += json.load(f)
             if proc.returncode != 0:
                 failed.append(list(case))
+                errors.append({"case": list(case), "error": proc.stderr[-2000:]})
                 print(f"[train-step gpu] case {case} failed:\n{proc.stderr[-4000:]}", flush=True)
     return write_bench("train_step_gpu", rows, out, quick=quick, precision="bf16", device="cuda",
                        start_batch=int(os.environ.get("MPLUG_BENCH_GPU_START_BATCH", START_BATCH)),
                        max_batch=MAX_BATCH, warmup_steps=WARMUP_STEPS,
-                       text_tokens=TEXT_TOKENS, complete=not failed, failed_cases=failed)
+                       text_tokens=TEXT_TOKENS, complete=not failed and not any("error" in r for r in rows), failed_cases=failed, failures=errors)
 
 
 def main() -> None:

@@ -146,7 +146,8 @@ class ModelConfig:
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     refiner: VisualRefinerConfig = field(default_factory=VisualRefinerConfig)
     heads: HeadsConfig = field(default_factory=HeadsConfig)
-    grad_checkpointing: bool = False
+    # activation checkpointing of every block: false, true (whole layer) or "selective" (layers/checkpointing.py)
+    grad_checkpointing: bool | Literal["selective"] = False
     # the text vector ITC projects: the [CLS] state (mPLUG) or the masked mean of the caption's tokens
     # (text.pool_text; for BERT checkpoints whose early-layer [CLS] is the same for every caption)
     itc_pooling: Literal["cls", "mean"] = "cls"
@@ -174,6 +175,10 @@ class ModelConfig:
             raise ConfigError(f"{prefix}.text.width: {t.width} not divisible by heads {t.heads}")
         if t.width % self.decoder.heads:
             raise ConfigError(f"{prefix}.decoder.heads: text width {t.width} not divisible by {self.decoder.heads}")
+        from mplug_pretrain.models.layers.checkpointing import MODES
+        if self.grad_checkpointing not in MODES or not isinstance(self.grad_checkpointing, (bool, str)):
+            raise ConfigError(f"{prefix}.grad_checkpointing: expected false, true (whole layer) or 'selective', "
+                              f"got {self.grad_checkpointing!r}")
         check_positive(self.heads.classifier_classes, f"{prefix}.heads.classifier_classes", allow_zero=True)
         check_positive(self.heads.classifier_images, f"{prefix}.heads.classifier_images")
         if not 0.0 <= self.heads.momentum < 1.0:

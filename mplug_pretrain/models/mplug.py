@@ -347,9 +347,13 @@ class MPLUG(InferenceMixin, StepHooks, nn.Module):
             ema_update_(list(momentum.parameters()), params, m)  # one multi-tensor update per module pair
 
     # ----------------------------------------------------------------- training utilities
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
+    def set_grad_checkpointing(self, enable: bool | str = True) -> None:
         """Activation checkpointing (torch.utils.checkpoint, use_reentrant=False) of ViT blocks, BERT text and
-        fusion layers and decoder layers."""
+        fusion layers and decoder layers: False, True (whole layer) or "selective" (layers/checkpointing.py;
+        a timm / open_clip tower checkpoints whole blocks in its own way for either)."""
+        from mplug_pretrain.models.layers.checkpointing import MODES
+        if enable not in MODES or not isinstance(enable, (bool, str)):
+            raise ConfigError(f"model.grad_checkpointing: expected false, true or 'selective', got {enable!r}")
         self.config.grad_checkpointing = enable
         for module in (self.image_encoder.vit, self.text_encoder, self.fusion, self.decoder,
                        self.image_encoder.refiner):

@@ -369,6 +369,11 @@ def tag_problem(ckpt_dir: str, tag: str) -> str | None:
     return None
 
 
+def partitioned_layout(tag_dir: str) -> bool:
+    """True when the DeepSpeed tag holds ZeRO 1-3 optimizer partitions (``*optim_states.pt``), not ZeRO-0's layout."""
+    return os.path.isdir(tag_dir) and any("optim_states" in f for f in os.listdir(tag_dir))
+
+
 def saved_world_size(ckpt_dir: str, tag: str) -> int | None:
     """Ranks that wrote ``tag``: its marker's record, else its trainer_state_rank<R>.pt files."""
     marker = read_marker(os.path.join(ckpt_dir, tag))

@@ -65,20 +65,36 @@ def build_optimizer(model, cfg: Config, device_type: str = "cpu") -> torch.optim
     return torch.optim.AdamW(groups, lr=o.lr_rest, betas=tuple(o.betas), eps=o.eps, **extra)
 
 
-def build_engine(model, cfg: Config, world_size: int):
+def build_engine(model, cfg: Config, world_size: int, partitioned_checkpoint: bool = False):
+    """-> (engine, optimizer, DeepSpeed config). ZeRO 1-2 on one rank run as ZeRO-0 (config.engine_zero_stage;
+    ``partitioned_checkpoint``: the checkpoint to resume has the partitioned layout, keep the stage)."""
     import deepspeed
     check_deepspeed_version()
     model.set_grad_checkpointing(cfg.model.grad_checkpointing)
     optimizer = build_optimizer(model, cfg, train_device_type())
-    ds_config = deepspeed_config(cfg, world_size)
+    ds_config = deepspeed_config(cfg, world_size, partitioned_checkpoint)
     if ds_config.get("torch_autocast", {}).get("enabled"):
         use_fp32_layer_norms(model)  # CPU autocast would run LayerNorm in bf16; CUDA autocast runs it in fp32
     model.defer_enqueue = True  # queues take a batch only once its loss is finite on every rank (models/step_hooks.py)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     _check_fp32_parameters(engine.module)
+    if ds_config["zero_optimization"]["stage"] == 0 and cfg.optim.grad_clip > 0:
+        use_foreach_clipping(engine)
     if cfg.run.compile:
-        engine.compile()  # torch.compile of the wrapped module (DeepSpeed keeps hooks and state dict names)
+        from mplug_pretrain.train.block_compile import compile_blocks
+        compile_blocks(engine.module, cfg.run.compile_backend)  # in place: names and DeepSpeed's hooks unchanged
     return engine, optimizer, ds_config
+
+
+def use_foreach_clipping(engine) -> None:
+    """ZeRO-0 gradient clipping by torch's multi-tensor ``clip_grad_norm_`` (a few foreach kernels), in place of
+    DeepSpeed's loop (a norm and a multiply per parameter, and an all-reduce of the norm even on one rank); the
+    norm it returns becomes the engine's global gradient norm (DeepSpeed's ZeRO-0 path keeps none to log).
+    ZeRO-0 gradients are already averaged over ranks, so each rank's norm is the global one."""
+    def clip() -> None:
+        params = [p for p in engine.module.parameters() if p.grad is not None]
+        engine._global_grad_norm = torch.nn.utils.clip_grad_norm_(params, engine.gradient_clipping(), foreach=True)
+    engine.clip_fp32_gradients = clip  # DeepSpeed's _take_model_step calls it at stage 0 (fp32 parameters)
 
 
 def engine_precision(engine) -> str:

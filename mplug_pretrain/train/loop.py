@@ -10,9 +10,10 @@ owns DeepSpeed, exact resume, non-finite skipping, signals, logging and the fina
 boundary ``_finish_step`` (momentum update, ``_log_step``, ``_maybe_checkpoint``) -> ``_finish``.
 
 Host syncs: one per micro-step (the all-rank finiteness flag, needed before backward to skip a
-non-finite micro-batch; the model's forward has none, bench/NOTES.md) and, per optimizer step, the log
-record's (the accumulated losses, read together) and the checkpoint-due flag; the losses are accumulated on
-the device in float64, exactly as the former per-micro-step ``float()``. No autocast here: a bf16 engine
+non-finite micro-batch, which carries the stop-signal and checkpoint-due flags along; the model's forward has
+none, bench/NOTES.md) and one per log step: every step's record is kept with its device values (losses
+accumulated in float64, the gradient norm) and the pending records are read together at the next log step,
+checkpoint or exit, so log.jsonl still holds one record per step. No autocast here: a bf16 engine
 runs its forward under its own (train/engine.py)."""
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from mplug_pretrain.data.reading.decode_stats import (
 )
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.train import checkpoint as ckpt
+from mplug_pretrain.train.block_compile import TEXT_LENGTH_MULTIPLE, pad_text, transformer_blocks
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.config_change import batch_size_change_note, check_resume_config, saved_batch_size
 from mplug_pretrain.train.distributed import init_distributed, naming_peer_failures
@@ -133,19 +135,17 @@ def _to_device(batch: dict, device, float_dtype=None, image_normalize=None) -> d
     return out
 
 
-def _all_ranks_max(values: list[float], device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if process_group.world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
-
-
-def _any_rank_nonfinite(loss: torch.Tensor) -> bool:
-    """True when the loss is NaN/inf on any rank: one all-reduce and one host sync."""
+def _all_rank_flags(loss: torch.Tensor, stop_requested: bool, checkpoint_due: bool) -> tuple[bool, bool, bool]:
+    """(loss non-finite, stop requested, checkpoint due by time), each true when it is on any rank: the host's two
+    flags ride along with the loss's (one all-reduce, one host sync per micro-step, the only one outside log
+    steps)."""
+    host = torch.tensor([float(stop_requested), float(checkpoint_due)], dtype=torch.float64)
     bad = (~torch.isfinite(loss.detach())).to(torch.float64).reshape(1)
+    flags = torch.cat([bad, host.to(bad.device, non_blocking=True)])
     if process_group.world_size() > 1:
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return bool(bad.item())
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    nonfinite, stop, due = flags.tolist()
+    return bool(nonfinite), bool(stop), bool(due)
 
 
 @dataclass
@@ -177,6 +177,10 @@ class _Run:
     resume_warnings: list = field(default_factory=list)  # damaged newer tags skipped
     lock: RunFolderLock | None = None  # rank 0's hold on the run folder
     best: float | None = None  # run.best_metric's best value so far (its model is <run>/best/)
+    stop_flags: tuple[bool, bool] = (False, False)  # (stop requested, checkpoint due by time) on any rank
+    # log records whose device values (losses, gradient norm) are read together at the next log step:
+    # (record, keys, values [len(keys)] float64 on the device)
+    pending_records: list = field(default_factory=list)
 
     @property
     def samples_per_step(self) -> int:
@@ -232,7 +236,16 @@ def _prepare(cfg: Config, task: TrainTask, resume: str | None, info, lock: RunFo
         torch.use_deterministic_algorithms(True, warn_only=True)
 
     model = task.build_model(cfg)
-    engine, optimizer, _ = build_engine(model, cfg, world)
+    partitioned = tag is not None and ckpt.partitioned_layout(os.path.join(ckpt_dir, tag))
+    engine, optimizer, ds_config = build_engine(model, cfg, world, partitioned)
+    stage = ds_config["zero_optimization"]["stage"]
+    if stage != cfg.distributed.zero_stage and rank == 0:
+        print(f"[train] distributed.zero_stage={cfg.distributed.zero_stage} on one rank runs as ZeRO-0: nothing to "
+              "partition, so no flat gradient buffer and no copy of every gradient "
+              "(distributed.single_rank_zero0=false keeps the stage)", flush=True)
+    if cfg.run.compile and rank == 0:
+        print(f"[train] run.compile: {len(transformer_blocks(engine.module))} blocks compiled one by one "
+              f"({cfg.run.compile_backend}; text padded to a multiple of {TEXT_LENGTH_MULTIPLE})", flush=True)
     float_dtype = None  # batches stay fp32: a bf16 engine's own autocast casts them at its bf16 matmuls
     on_gpu = torch.device(engine.device).type == "cuda"
     # the GPU table holds bf16 peaks: an fp32 run on a GPU reports no MFU rather than a wrong one
@@ -284,13 +297,18 @@ def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
     if run.task.flops_per_sample is not None and run.peak_flops is not None:
         run.flops_per_sample = run.task.flops_per_sample(cfg, batch)
     batch = _to_device(batch, run.device, run.float_dtype, run.image_normalize)
+    if cfg.run.compile:
+        batch = pad_text(batch)  # a few static text lengths for the compiled blocks
     out = run.task.losses(engine, batch, state)  # no autocast here: a bf16 engine enters its own
     loss = out["loss"]
     if state.global_step in run.nan_steps and run.micro == 0:
         run.nan_steps.discard(state.global_step)
         loss = loss * float("nan")  # fault injection for tests (run.inject_nonfinite_at_steps)
     module = engine.module
-    if _any_rank_nonfinite(loss):
+    due = (time.time() - run.last_ckpt_time) / 60.0 >= cfg.run.checkpoint_every_minutes
+    nonfinite, *stop_flags = _all_rank_flags(loss, run.stop is not None and run.stop.requested, due)
+    run.stop_flags = tuple(stop_flags)
+    if nonfinite:
         # every rank skips this micro-batch together: no backward, so nothing reaches the
         # optimizer (with accumulation, the other micro-batches of the step still count), and its momentum
         # features never reach the queues
@@ -318,30 +336,48 @@ def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
 
 
 def _log_step(run: _Run, lrs: dict, data_time: float, step_time: float) -> None:
+    """This step's log record; its device values are read with the others pending at log steps (one sync)."""
     state = run.state
     data = None  # reader counts of all ranks, summed at log steps only (one all-reduce)
-    if state.global_step % run.cfg.run.log_every == 0 or state.global_step >= run.cfg.optim.max_steps:
+    log_step = state.global_step % run.cfg.run.log_every == 0 or state.global_step >= run.cfg.optim.max_steps
+    if log_step:
         data = DecodeStats(sum_over_ranks(state.data_counts))
         state.corrupt_skipped = data.total_skipped
-    keys = list(run.losses_accum)
-    values = torch.stack([torch.as_tensor(run.losses_accum[k]) for k in keys]).tolist() if keys else []
-    run.losses_accum = {}
+    device_values = {k: torch.as_tensor(v).reshape(1) for k, v in run.losses_accum.items()}
     grad_norm = run.engine.get_global_grad_norm()
+    if isinstance(grad_norm, torch.Tensor):
+        device_values["grad_norm"] = grad_norm.detach().to(torch.float64).reshape(1).clone()
+        grad_norm = None
     samples_per_s = run.samples_per_step / max(step_time, 1e-9)
-    record = {"step": state.global_step, "samples_seen": state.samples_seen, **dict(zip(keys, values)),
+    record = {"step": state.global_step, "samples_seen": state.samples_seen, **dict.fromkeys(run.losses_accum),
               **{f"lr_{k}": v for k, v in lrs.items()},
-              "grad_norm": float(grad_norm) if grad_norm is not None else None,
+              "grad_norm": float(grad_norm) if grad_norm is not None else None,  # filled at the read when a tensor
               "samples_per_s": samples_per_s,
               "data_time": data_time, "step_time": step_time, "data_wait_share": data_wait_share(data_time, step_time),
               "peak_memory_mb": peak_memory_mb(),
               "epoch": state.epoch, "nonfinite_skipped": state.nonfinite_skipped,
               "corrupt_skipped": state.corrupt_skipped}
+    run.losses_accum = {}
     if data is not None:
         record["data_skipped"] = data.skipped  # by kind
     if run.flops_per_sample is not None:
         record["flops_per_sample"] = run.flops_per_sample
         record["mfu"] = mfu(run.flops_per_sample, samples_per_s / run.world, run.peak_flops)
-    run.log.step(record)
+    keys = list(device_values)
+    values = torch.cat([device_values[k].to(torch.float64) for k in keys]) if keys else None
+    run.pending_records.append((record, keys, values))
+    if log_step:
+        _write_pending_records(run)
+
+
+def _write_pending_records(run: _Run) -> None:
+    """Read the device values of every pending record at once (one host sync) and write the records."""
+    pending, run.pending_records = run.pending_records, []
+    tensors = [values for _, _, values in pending if values is not None]
+    read = iter(torch.cat([t.to(tensors[0].device) for t in tensors]).tolist() if tensors else [])
+    for record, keys, _ in pending:
+        record.update({key: next(read) for key in keys})
+        run.log.step(record)
 
 
 def data_wait_share(data_time: float, step_time: float) -> float:
@@ -354,11 +390,10 @@ def _maybe_checkpoint(run: _Run) -> bool:
     """Checkpoint when due (steps, minutes, a stop signal on any rank, the last step).
     -> True when a stop was requested (the run is then saved and must exit)."""
     cfg, state = run.cfg, run.state
-    due_time = (time.time() - run.last_ckpt_time) / 60.0 >= cfg.run.checkpoint_every_minutes
-    signal_flag, time_flag = _all_ranks_max([1.0 if run.stop.requested else 0.0, 1.0 if due_time else 0.0],
-                                            run.device)
+    signal_flag, time_flag = run.stop_flags  # read with the last micro-step's finiteness flag: no sync of its own
     finished = state.global_step >= cfg.optim.max_steps
     if signal_flag or time_flag or finished or state.global_step % cfg.run.checkpoint_every_steps == 0:
+        _write_pending_records(run)  # the log holds every step up to the checkpoint (a resume truncates after it)
         written = ckpt.save_checkpoint(run.engine, run.ckpt_dir, state, run.rank, cfg.run.keep_last, run.world,
                                        run_config=config_text(cfg), task=run.task.name)
         run.last_ckpt_time = time.time()
@@ -380,6 +415,7 @@ def _maybe_validate(run: _Run) -> None:
     last = state.global_step >= cfg.optim.max_steps
     if run.task.validate is None or not cfg.data.val_shards or not (last or (every and state.global_step % every == 0)):
         return
+    _write_pending_records(run)  # the steps before it first: log.jsonl stays in step order (a sync; rare)
     module = run.engine.module
     modes = {m: m.training for m in module.modules()}  # frozen parts stay in eval mode afterwards
     started = time.time()
@@ -487,6 +523,7 @@ def _refuse_undecodable(run: _Run, counts: dict[str, int], where: str, one_reaso
 
 def _finish(run: _Run, loader) -> dict:
     """Close the log, report corrupt samples, write the final model folder and plots (finished runs)."""
+    _write_pending_records(run)
     run.log.close()
     data_counts = sum_over_ranks(run.state.data_counts)  # collective: every rank finishes here
     if run.exit_reason == "finished":

@@ -5,7 +5,9 @@ internally are not re-dispatched to the mode), so on the CPU it counts exactly t
 block the host: reading a scalar (``_local_scalar_dense``: ``.item()``, ``bool()``, ``int()``, ``float()``),
 ``nonzero`` (``torch.where(cond)``), ``is_nonzero`` and ``item``; and the ops that call one of these inside
 (boolean-mask indexing and assignment, ``masked_select``, ``multinomial``'s checks, ``repeat_interleave``
-without ``output_size``), each counted once under its own name.
+without ``output_size``), each counted once under its own name. ``Tensor.tolist()`` reads a CPU tensor without
+dispatching an op; ``count_tolist=True`` counts its calls too (on a GPU each is a sync), by wrapping the method
+while the counter is active.
 """
 from __future__ import annotations
 
@@ -26,12 +28,38 @@ class HostSyncCounter(TorchDispatchMode):
     """``with HostSyncCounter() as c: ...`` -> ``c.total``, ``c.by_op`` ({op name: calls}) and ``c.by_source``
     ({"deepspeed" | "ours": calls}: whose code asked, by the innermost calling frame outside torch)."""
 
-    def __init__(self, stack_depth: int = 0):
+    def __init__(self, stack_depth: int = 0, count_tolist: bool = False):
         super().__init__()
+        self.count_tolist = count_tolist
+        self._tolist = None
         self.by_op: Counter = Counter()
         self.by_source: Counter = Counter()
         self.stack_depth = stack_depth  # > 0: also remember where each sync came from (debugging)
         self.sites: Counter = Counter()
+
+    def __enter__(self):
+        if self.count_tolist:
+            self._tolist = original = torch.Tensor.tolist
+            counter = self
+
+            def tolist(tensor):
+                counter._count("tolist")
+                return original(tensor)
+            torch.Tensor.tolist = tolist
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._tolist is not None:
+            torch.Tensor.tolist, self._tolist = self._tolist, None
+        return super().__exit__(*exc)
+
+    def _count(self, name: str) -> None:
+        self.by_op[name] += 1
+        frames = [f for f in traceback.extract_stack()[:-2] if "/torch/" not in f.filename]
+        self.by_source["deepspeed" if frames and "/deepspeed/" in frames[-1].filename else "ours"] += 1
+        if self.stack_depth:
+            self.sites["; ".join(f"{f.filename.split('site-packages/')[-1].split('mplug_pretrain/')[-1]}:"
+                                 f"{f.lineno}" for f in frames[-self.stack_depth:])] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._overloadpacket.__name__
@@ -46,12 +74,7 @@ class HostSyncCounter(TorchDispatchMode):
         elif name not in SYNC_OPS:
             name = None
         if name is not None:
-            self.by_op[name] += 1
-            frames = [f for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename]
-            self.by_source["deepspeed" if frames and "/deepspeed/" in frames[-1].filename else "ours"] += 1
-            if self.stack_depth:
-                self.sites["; ".join(f"{f.filename.split('site-packages/')[-1].split('mplug_pretrain/')[-1]}:"
-                                     f"{f.lineno}" for f in frames[-self.stack_depth:])] += 1
+            self._count(name)
         return func(*args, **(kwargs or {}))
 
     @property

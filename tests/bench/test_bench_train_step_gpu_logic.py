@@ -86,3 +86,30 @@ def test_every_case_runs_in_a_process_of_its_own(monkeypatch, tmp_path):
     assert launched == [[list(case)] for case in train_step_gpu.CASES]
     assert len(result["rows"]) == len(train_step_gpu.CASES) - 2  # both large ZeRO-3 cases failed, the rest kept
     assert result["complete"] is False and result["failed_cases"] == [["large", 3, False], ["large", 3, True]]
+
+
+def test_cases_from_env_reads_checkpointing_compile_and_zero_options():
+    from mplug_pretrain.bench.train_step_gpu import cases_from_env
+    assert cases_from_env("base:2:off:eager:keep, base:2:selective:compiled,large:3:on") == [
+        ("base", 2, False, False, False), ("base", 2, "selective", True, True), ("large", 3, True)]
+    assert cases_from_env("") is None
+    for bad in ("base:2:partial", "base:2:off:jit", "base:2:off:eager:shard", "base:2:off:eager:keep:x"):
+        with pytest.raises(ValueError, match="MPLUG_BENCH_GPU_CASES"):
+            cases_from_env(bad)
+
+
+def test_a_case_that_fails_to_compile_keeps_a_row_with_its_error():
+    from mplug_pretrain.bench.train_step_gpu import case_row
+    seen = []
+
+    def measure(preset, stage, ckpt, batch, compile_, single_rank_zero0):
+        seen.append((compile_, single_rank_zero0, batch))
+        if compile_:
+            raise RuntimeError("torch._dynamo.exc.Unsupported: a graph break")
+        return {"preset": preset, "zero_stage": stage, "grad_checkpointing": ckpt, "batch_per_rank": batch}
+
+    row = case_row(("base", 2, False, True, False), start=128, limit=128, measure=measure)
+    assert row["compile"] is True and "graph break" in row["error"] and "step_seconds" not in row
+    eager = case_row(("base", 2, False), start=128, limit=128, measure=measure)
+    assert eager["batch_per_rank"] == 128 and "error" not in eager
+    assert seen == [(True, False, 128), (False, True, 128)]  # one batch each: start == limit

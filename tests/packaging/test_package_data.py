@@ -18,7 +18,7 @@ site = sys.argv[1]
 assert mplug_pretrain.__file__.startswith(site), mplug_pretrain.__file__
 cfg = load_config(config_file("pretrain_tiny.yaml"), ["distributed.zero_stage=2"], check_paths=False)
 print(json.dumps({"template": deepspeed_template("zero3.json"), "config": config_file("demo.yaml"),
-                  "zero": deepspeed_config(cfg, 1)["zero_optimization"]["stage"],
+                  "zero": deepspeed_config(cfg, 2)["zero_optimization"]["stage"],
                   "templates": sorted(os.listdir(os.path.dirname(deepspeed_template("zero1.json"))))}))
 """
 

@@ -38,3 +38,29 @@ def test_at_most_two_host_syncs_per_micro_step():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["ours_per_micro_step"] and max(result["ours_per_micro_step"]) <= 2, result["sites"]
     assert sum(result["per_micro_step"]) > sum(result["ours_per_micro_step"])  # DeepSpeed's step is counted too
+
+
+def test_tolist_reads_are_counted_when_asked():
+    t = torch.arange(3.0)
+    with HostSyncCounter(count_tolist=True) as counter:
+        assert t.tolist() == [0.0, 1.0, 2.0]
+        _ = t + 1
+    with HostSyncCounter() as plain:
+        t.tolist()
+    assert dict(counter.by_op) == {"tolist": 1} and counter.by_source == {"ours": 1}
+    assert plain.total == 0
+    assert torch.Tensor.tolist(t) == [0.0, 1.0, 2.0]  # the method is restored
+
+
+@pytest.mark.slow
+def test_one_host_sync_per_optimizer_step_outside_log_steps():
+    """Whole optimizer steps through the loop (finiteness flag, step, momentum update, log record, checkpoint
+    flag): our code reads the device once per step, twice at a log step (the pending records)."""
+    code = ("import json; from mplug_pretrain.bench.host_syncs import count_optimizer_step_syncs; "
+            "print(json.dumps(count_optimizer_step_syncs(steps=4, log_every=2)))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(result["log_step"]) == [False, False, True, True]  # every other step logs
+    assert result["ours_per_step"] == [2 if logged else 1 for logged in result["log_step"]], result["sites"]

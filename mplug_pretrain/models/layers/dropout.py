@@ -4,7 +4,7 @@
 ``F.dropout``). On CPU the mask is ``r >= round(p * 2^31)`` for r uniform 32-bit integers in [0, 2^31):
 torch's CPU ``bernoulli_`` costs about 5 ns an element, ``random_`` on int32 about 2 (bench/NOTES.md,
 "Decoding and the decoder against transformers"); the keep probability is exact to 2^-31. Other devices use
-``F.dropout`` (fused there).
+``F.dropout`` (fused there), and so does code being compiled (run.compile: inductor generates the mask).
 
 ``attention_with_dropout(q, k, v, bias, p)``: softmax(q k^T / sqrt(d) + bias) with dropout on the probabilities,
 times v; q [B, H, T, d], k and v [B, H, S, d], bias broadcastable to [B, H, T, S] -> [B, H, T, d]. On CPU, SDPA
@@ -27,8 +27,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
         return x
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability must be in [0, 1], got {p}")
-    if x.device.type != "cpu" or p == 1.0:
-        return F.dropout(x, p, True)
+    if x.device.type != "cpu" or p == 1.0 or torch.compiler.is_compiling():
+        return F.dropout(x, p, True)  # compiled: dynamo cannot trace random_(); inductor fuses its own mask
     keep = torch.empty(x.shape, dtype=torch.int32).random_() >= round(p * _RANDOM_RANGE)
     return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0)
 

@@ -105,9 +105,9 @@ class ExternalTower(nn.Module):
         names = {name for name, _ in self.named_parameters()}
         return {f"trunk.{n}" for n in own if f"trunk.{n}" in names}
 
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
+    def set_grad_checkpointing(self, enable: bool | str = True) -> None:
         if hasattr(self.trunk, "set_grad_checkpointing"):
-            self.trunk.set_grad_checkpointing(enable)
+            self.trunk.set_grad_checkpointing(bool(enable))  # "selective": timm checkpoints whole blocks
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
         if self.is_timm:

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from mplug_pretrain.config import Config
 from mplug_pretrain.metrics.retrieval_recall import retrieval_recall
 from mplug_pretrain.models.towers.text import pool_text
+from mplug_pretrain.train.block_compile import pad_text
 from mplug_pretrain.utils import process_group
 
 LOSS_KEYS = ("loss", "loss_itc", "loss_itm", "loss_mlm", "loss_prefixlm")
@@ -75,6 +76,8 @@ def validate(module, cfg: Config, tokenizer) -> dict:
                 continue
             batch = {k: (v[keep] if isinstance(v, torch.Tensor) else v) for k, v in batch.items() if k != "is_pad"}
             batch = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+            if cfg.run.compile:
+                batch = pad_text(batch)  # the compiled blocks' static text lengths
             out = module(batch)
             rows = int(keep.sum())
             sums = [s + float(out[k]) * rows for s, k in zip(sums, LOSS_KEYS)]
