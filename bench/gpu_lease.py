@@ -3,8 +3,9 @@ profiled, each case in a process of its own (a CUDA error or a failed compile lo
 
     python bench/gpu_lease.py --out DIR [--before ROOT] [--cases SPEC,...] [--budget-s S]
 
-A case is ``label:preset:zero_stage:checkpointing:batch:compile`` (label ``before`` runs the package under
-``--before`` ROOT, ``after`` the working tree's; checkpointing off | full | selective; compile eager | compiled).
+A case is ``label:preset:zero_stage:checkpointing:batch:compile[:keep]`` (label ``before`` runs the package under
+``--before`` ROOT, ``after`` the working tree's; checkpointing off | full | selective; compile eager | compiled;
+``keep``: ZeRO 1-2 stay partitioned on one rank, ``distributed.single_rank_zero0=false``).
 Each row: step_seconds (median of the timed steps, synchronized), samples_per_s, peak GPU memory, MFU at the
 padded 30-token text the FLOP count assumes and at a real caption length (15 tokens: the same samples/s, the
 FLOPs of 15-token text), the top device kernels of two profiled steps and their time in buckets (matrix products,
@@ -49,11 +50,11 @@ def bucket_of(name: str) -> str:
 
 
 def parse_case(spec: str) -> dict:
-    label, preset, stage, ckpt, batch, compiled = spec.split(":")
+    label, preset, stage, ckpt, batch, compiled, *rest = spec.split(":")
     if ckpt not in ("off", "full", "selective") or compiled not in ("eager", "compiled"):
         raise ValueError(f"{spec}: checkpointing off|full|selective, compile eager|compiled")
     return {"label": label, "preset": preset, "zero_stage": int(stage), "checkpointing": ckpt,
-            "batch": int(batch), "compile": compiled == "compiled"}
+            "batch": int(batch), "compile": compiled == "compiled", "keep_stage": rest == ["keep"]}
 
 
 def _overrides(case: dict, cfg_fields) -> list[str]:
@@ -66,6 +67,8 @@ def _overrides(case: dict, cfg_fields) -> list[str]:
                f"model.grad_checkpointing={'true' if ckpt == 'full' else 'false'}")
     if case["compile"]:
         out.append("run.compile=true")
+    if case.get("keep_stage"):  # ZeRO 1-2 partitioned even on one rank (the package's default runs them as ZeRO-0)
+        out.append("distributed.single_rank_zero0=false")
     return out
 
 
