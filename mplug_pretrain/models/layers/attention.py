@@ -76,7 +76,10 @@ def sdpa_backends(device: torch.device) -> list[SDPBackend] | None:
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None,
            dropout_p: float = 0.0, is_causal: bool = False) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` under ``sdpa_backends``' priority: q [B, H, T, d], k, v [B, H, S, d]
-    -> [B, H, T, d]."""
+    -> [B, H, T, d]. Inside a compiled block the compiler picks the kernel: no device queries there (a cuDNN
+    version read is a graph break under ``fullgraph``)."""
+    if torch.compiler.is_compiling():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, is_causal=is_causal)
     backends = sdpa_backends(q.device)
     with sdpa_kernel(backends, set_priority=True) if backends else contextlib.nullcontext():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p, is_causal=is_causal)
