@@ -256,7 +256,7 @@ def main() -> None:
 
 def _machine(device: str) -> dict:
     import platform
-    info = {"python": platform.python_version(), "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
+    info = {"hostname": platform.node(), "python": platform.python_version(), "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
     try:
         import torch
         info["torch"] = torch.__version__

@@ -156,6 +156,28 @@ def gpu_train_step_rows(results: str) -> list[list[str]]:
     return rows
 
 
+BUCKETS = ("matmul", "attention", "elementwise", "copies", "optimizer", "idle")
+
+
+def gpu_lease_rows(results: str, name: str) -> list[list[str]]:
+    """One row per measured case of a ``bench/gpu_lease.py`` result (cases that failed are left out): package,
+    preset, ZeRO, compile, step, samples/s, MFU at the padded and at a real text length, and the device time of
+    one step in the profile's buckets (ms)."""
+    r = _load(results, name)
+    if r is None:
+        return []
+    rows = []
+    for row in r["rows"]:
+        if row.get("error") or not row.get("samples_per_s"):
+            continue
+        buckets = row.get("profile", {}).get("buckets_s", {})
+        rows.append([row["label"], row["preset"], str(row["zero_stage"]), "compiled" if row["compile"] else "eager",
+                     f"{row['step_seconds']:.3f}", f"{row['samples_per_s']:.0f}", f"{100 * row['mfu']:.1f} %",
+                     f"{100 * row['mfu_real_length']:.1f} %",
+                     " / ".join(f"{1000 * buckets.get(b, 0.0):.0f}" for b in BUCKETS)])
+    return rows
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -258,6 +280,17 @@ def write_report(results: str, readme: str, plots: str, findings: str | None = N
             "out of memory; MFU = model FLOPs per second (train/flops.py) over the card's dense bf16 peak, so rows "
             "compare across presets and batches.",
             ["preset", "ZeRO", "ckpt", "largest batch", "step (s)", "samples/s", "peak GPU memory", "MFU"], gpu)
+    for name in ("gpu_lease_before", "gpu_lease_after"):
+        if (lease := gpu_lease_rows(results, name)):
+            parts += _table_section(
+                f"GPU lease: {name.removeprefix('gpu_lease_')}", _load(results, name),
+                "`python bench/gpu_lease.py --out DIR --cases ...` (the cases are in the note)",
+                "One row per case, batch 128, 30 text tokens, bf16. before = the package before the throughput work, "
+                "after = this one, measured in the same lease where both appear. MFU at 15 tokens keeps the samples/s "
+                "and counts the FLOPs of a real caption length. The last column is one step's device time (ms) by "
+                "kind of kernel, from torch.profiler; idle = wall time the GPU had no kernel.",
+                ["package", "preset", "ZeRO", "compile", "step (s)", "samples/s", "MFU (30 tok)", "MFU (15 tok)",
+                 "ms: " + " / ".join(BUCKETS)], lease)
     if made:
         parts += ["## Plots", "", ("Fusion: forward time against the number of visual tokens per design (lower is "
                                    "faster). Decoding: captions/s against beam size, log scale, solid lines cached. "

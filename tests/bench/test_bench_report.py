@@ -66,3 +66,19 @@ def test_gpu_train_step_table_gives_the_largest_batch_its_memory_and_mfu(tmp_pat
     table = [line for line in text.splitlines() if line.startswith(("| base", "| large"))]
     assert table == ["| base | 2 | off | 128 (256 OOM) | 0.500 | 256 | 3.0 GiB | 12.5 % |",
                      "| large | 0 | on | 1024 (limit, no OOM) | 4.000 | 256 | 1.5 GiB | 25.0 % |"]
+
+
+def test_gpu_lease_table_leaves_out_failed_cases_and_gives_buckets_in_ms(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    gpu = {**MACHINE, "gpu": "Test GPU"}
+    ok = {"label": "after", "preset": "base", "zero_stage": 2, "compile": True, "step_seconds": 0.25,
+          "samples_per_s": 512.0, "mfu": 0.2, "mfu_real_length": 0.175,
+          "profile": {"buckets_s": {"matmul": 0.1, "attention": 0.04, "elementwise": 0.05, "copies": 0.03,
+                                    "optimizer": 0.01, "idle": 0.0}}}
+    failed = {"label": "after", "preset": "large", "zero_stage": 2, "compile": True, "error": "exit 1 after 31 s"}
+    (results / "gpu_lease_after.json").write_text(json.dumps({"machine": gpu, "rows": [ok, failed], "note": "one lease"}))
+    text = write_report(str(results), str(tmp_path / "README.md"), str(tmp_path / "plots"))
+    assert "## GPU lease: after" in text and "one lease" in text
+    table = [line for line in text.splitlines() if line.startswith("| after")]
+    assert table == ["| after | base | 2 | compiled | 0.250 | 512 | 20.0 % | 17.5 % | 100 / 40 / 50 / 30 / 10 / 0 |"]
