@@ -87,9 +87,9 @@ print(json.dumps({{"seconds": time.perf_counter() - start, "counts": loader.stat
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["counts"]["too_many_pixels"] == 1 and result["counts"]["decoded"] == 3, result
     assert sorted(result["keys"]) == ["ok0", "ok1", "ok2"]
-    # the 16-bit pixels alone are 312 MB: a decode would show; the process (torch imported) stays far below 1 GB
+    # the 16-bit pixels alone are 312 MB: a decode would show in the growth (the imports' own RSS, about 1 GB with
+    # torch on some installs, is the baseline, not a bound)
     assert result["rss_peak_kb"] - result["rss_before_kb"] < 150_000, result
-    assert result["rss_peak_kb"] < 1_000_000, result
     assert result["seconds"] < 30, result  # tokenizer and reader start-up included; a decode took 4-13 s alone
     assert "DecompressionBomb" not in proc.stderr
 
