@@ -5,7 +5,8 @@ Process layout: one ``srun`` task per GPU (one per node when ``gpus_per_node == 
 Each task reads its rank from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID
 (:mod:`mplug_pretrain.train.distributed`); the script exports the rendezvous point
 ``MASTER_ADDR`` = first node of the allocation and ``MASTER_PORT = 20000 + SLURM_JOB_ID % 20000``
-(jobs sharing a host get different ports; array tasks have their own job ids).
+(jobs sharing a host get different ports; array tasks have their own job ids), or a port the kernel picks when
+another program already listens on that one on the first node.
 
 Preemption: ``--signal=B:USR1@S`` makes Slurm signal the batch shell S seconds before the time
 limit. The shell forwards USR1 to ``srun``, which forwards it to every task. Training tasks save a
@@ -259,6 +260,10 @@ RUN_DIR={run_dir}
 # first node; sed reads every line (head -n1 may exit early and fail the pipe under pipefail)
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))  # jobs sharing a host must not share a port
+# this shell runs on the first node: if another program listens on the derived port there, take a free one
+if (exec 3<>"/dev/tcp/127.0.0.1/$MASTER_PORT") 2>/dev/null; then
+  MASTER_PORT=$("${{CMD[0]}}" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+fi
 export MASTER_ADDR MASTER_PORT PYTHONUNBUFFERED=1
 {cpus_export}echo "[job] $SLURM_JOB_ID restart ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST," \\
   "$SLURM_NTASKS tasks, rendezvous $MASTER_ADDR:$MASTER_PORT"

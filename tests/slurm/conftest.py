@@ -209,8 +209,8 @@ class FakeSlurm:
             SLURM_JOB_ID="123",
             SLURM_JOB_NODELIST="node[1-2]",
             SLURM_NTASKS="1",
-            **env,
         )
+        full_env.update(env)  # a test's own values win (SLURM_JOB_ID, ...)
         return subprocess.run(
             ["bash", path], check=False, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=60
         )

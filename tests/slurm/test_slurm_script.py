@@ -190,3 +190,40 @@ def test_local_device_wraps_around_the_visible_gpus(visible, local_ranks, device
     """One GPU bound per task: SLURM_LOCALID 3 sees one device, which is device 0 for it."""
     from mplug_pretrain.train.distributed import local_device
     assert [local_device(r, visible) for r in local_ranks] == devices
+
+
+PRINT_PORT = "import os; print('PORT ' + os.environ['MASTER_PORT'])"
+
+
+def test_master_port_moves_off_a_port_another_program_listens_on(tmp_path, fake_slurm):
+    """MASTER_PORT = 20000 + job id % 20000, unless a program already listens there on the first node (where the
+    batch shell runs): then one the kernel picks (a taken port failed a two-node job with EADDRINUSE)."""
+    import socket
+    script = render_script(_job(tmp_path, [(sys.executable, "-c", PRINT_PORT)]))
+
+    def port(job_id: int) -> int:
+        result = fake_slurm.run(script, cwd=str(tmp_path), SLURM_JOB_ID=str(job_id))
+        assert result.returncode == 0, result.stderr
+        return int(next(line for line in result.stdout.splitlines() if line.startswith("PORT "))[5:])
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        taken = listener.getsockname()[1]
+        if not 20000 <= taken < 40000:  # the kernel's pick: find a taken port in the derived range instead
+            listener.close()
+            listener = socket.socket()
+            taken = next(p for p in range(20100, 39999, 97) if _bind(listener, p))
+            listener.listen()
+        job_id = taken - 20000
+        moved = port(job_id)
+        assert moved != taken and 0 < moved < 65536
+    assert port(job_id) == taken  # free again: the derived port
+
+
+def _bind(sock, port: int) -> bool:
+    try:
+        sock.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
