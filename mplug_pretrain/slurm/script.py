@@ -265,6 +265,9 @@ if (exec 3<>"/dev/tcp/127.0.0.1/$MASTER_PORT") 2>/dev/null; then
   MASTER_PORT=$("${{CMD[0]}}" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 fi
 export MASTER_ADDR MASTER_PORT PYTHONUNBUFFERED=1
+# each task reads its rank from SLURM_PROCID: a torchrun-style RANK / WORLD_SIZE inherited from the submitting
+# shell (sbatch exports it) would make every task a rank 0 of its own one-rank world
+unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK ROLE_RANK TORCHELASTIC_RUN_ID
 {cpus_export}echo "[job] $SLURM_JOB_ID restart ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST," \\
   "$SLURM_NTASKS tasks, rendezvous $MASTER_ADDR:$MASTER_PORT"
 {prepare}

@@ -206,19 +206,15 @@ def test_master_port_moves_off_a_port_another_program_listens_on(tmp_path, fake_
         assert result.returncode == 0, result.stderr
         return int(next(line for line in result.stdout.splitlines() if line.startswith("PORT "))[5:])
 
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
+    listener = socket.socket()
+    try:
+        taken = next(p for p in range(20100, 39999, 97) if _bind(listener, p))
         listener.listen()
-        taken = listener.getsockname()[1]
-        if not 20000 <= taken < 40000:  # the kernel's pick: find a taken port in the derived range instead
-            listener.close()
-            listener = socket.socket()
-            taken = next(p for p in range(20100, 39999, 97) if _bind(listener, p))
-            listener.listen()
-        job_id = taken - 20000
-        moved = port(job_id)
+        moved = port(taken - 20000)
         assert moved != taken and 0 < moved < 65536
-    assert port(job_id) == taken  # free again: the derived port
+    finally:
+        listener.close()
+    assert port(taken - 20000) == taken  # free again: the derived port
 
 
 def _bind(sock, port: int) -> bool:
@@ -227,3 +223,15 @@ def _bind(sock, port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_launcher_variables_of_the_submitting_shell_do_not_reach_the_tasks(tmp_path, fake_slurm):
+    """sbatch exports the submitter's environment: a RANK=0 / WORLD_SIZE=1 left there (a shell inside torchrun, or a
+    process that initialised torch.distributed) made both tasks of a two-node job rank 0 of a world of one, the
+    second failing with EADDRINUSE on MASTER_PORT. The tasks must see only Slurm's own variables."""
+    probe = "import json, os; print('ENV ' + json.dumps([os.environ.get(k) for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')]))"
+    script = render_script(_job(tmp_path, [(sys.executable, "-c", probe)]))
+    result = fake_slurm.run(script, cwd=str(tmp_path), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("ENV "))
+    assert json.loads(line[4:]) == [None, None, None]
