@@ -549,11 +549,16 @@ def run_training(cfg: Config, task: TrainTask, resume: str | None = None) -> dic
         run = _setup(cfg, task, resume)
         _resume(run)
         loader = None  # stays None when a resumed run had already finished
-        while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
-            if loader is not None and hasattr(loader, "set_epoch"):
-                loader.set_epoch(run.state.epoch, run.state.batch_in_epoch)  # the next epoch, same (persistent) workers
-            else:
-                loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
-            if not _train_epoch(run, loader):
-                break
+        try:
+            while run.state.global_step < cfg.optim.max_steps and run.exit_reason == "finished":
+                if loader is not None and hasattr(loader, "set_epoch"):
+                    loader.set_epoch(run.state.epoch, run.state.batch_in_epoch)  # next epoch, same (persistent) workers
+                else:
+                    loader = task.make_loader(cfg, training_loader_spec(cfg, run.rank, run.world, run.state))
+                if not _train_epoch(run, loader):
+                    break
+        except Exception:
+            if run.pending_records:  # a run that stops on an error keeps the steps it trained in log.jsonl
+                _write_pending_records(run)
+            raise
         return _finish(run, loader)
