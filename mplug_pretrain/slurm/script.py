@@ -41,6 +41,7 @@ _SAFE_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:/+@=-]+$")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+):([0-5]\d):([0-5]\d)$")
 _ARRAY_ITEM = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 _MEM = re.compile(r"^\d+[KMGT]?$")
+_NODES = re.compile(r"^(\d+)(?:-(\d+))?$")
 _SBATCH_ARG = re.compile(r"^--([a-z][a-z0-9-]*)(?:=(.+))?$")
 # options the script sets itself (or that would break it): a pass-through may not repeat them
 _OWN_OPTIONS = frozenset({
@@ -60,7 +61,7 @@ class SlurmJob:
 
     kind: str
     job_name: str
-    nodes: int
+    nodes: str  # "N", or "MIN-MAX": Slurm starts (and requeues) the job on as many as it can give in the range
     gpus_per_node: int
     time: str
     workdir: str
@@ -91,6 +92,17 @@ def time_limit_seconds(value: str) -> int:
         raise ConfigError(f"--time: expected HH:MM:SS or D-HH:MM:SS, got {value!r}")
     days, hours, minutes, seconds = (int(g or 0) for g in match.groups())
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def node_range(value: str | int) -> tuple[int, int]:
+    """``--nodes``: ``N`` or ``MIN-MAX`` (sbatch's forms) -> (min, max)."""
+    match = _NODES.match(str(value).strip())
+    if not match:
+        raise ConfigError(f"--nodes: expected a count like 4 or a range like 2-8, got {value!r}")
+    low, high = int(match[1]), int(match[2] or match[1])
+    if low < 1 or high < low:
+        raise ConfigError(f"--nodes: expected 1 <= MIN <= MAX, got {value!r}")
+    return low, high
 
 
 def default_signal_seconds(time: str) -> int:
@@ -142,8 +154,7 @@ def check_sbatch_arg(arg: str) -> str:
 def validate(job: SlurmJob) -> None:
     if job.kind not in KINDS:
         raise ConfigError(f"kind: expected one of {', '.join(KINDS)}, got {job.kind!r}")
-    if job.nodes < 1:
-        raise ConfigError(f"--nodes: expected >= 1, got {job.nodes}")
+    node_range(job.nodes)
     if job.gpus_per_node < 0:
         raise ConfigError(
             f"--gpus-per-node: expected >= 0 (0 = one CPU process per node), got {job.gpus_per_node}"
@@ -294,8 +305,11 @@ def render_script(job: SlurmJob) -> str:
     """The sbatch script for ``job`` (validated first; raises ConfigError naming the option)."""
     validate(job)
     tasks = "one task per GPU" if job.gpus_per_node else "one CPU task per node"
+    low, high = node_range(job.nodes)
+    nodes = f"{low}" if low == high else (
+        f"{low}-{high} (as many as Slurm gives; a requeue may get another count and the run resumes on it)")
     layout = (
-        f"{job.nodes} node(s) x {max(job.gpus_per_node, 1)} task(s) ({tasks}); ranks from "
+        f"{nodes} node(s) x {max(job.gpus_per_node, 1)} task(s) ({tasks}); ranks from "
         "SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID."
     )
     if job.kind == "eval":

@@ -87,7 +87,7 @@ def build_job(kind: str, args: argparse.Namespace, eval_tasks: Collection[str] =
     return SlurmJob(
         kind=kind,
         job_name=job_name,
-        nodes=args.nodes,
+        nodes=str(args.nodes),
         gpus_per_node=args.gpus_per_node,
         time=args.time,
         workdir=os.getcwd(),

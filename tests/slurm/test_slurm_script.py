@@ -167,8 +167,16 @@ def test_job_options_are_checked(tmp_path):
         render_script(_job(tmp_path, [("python",)], array="0"))
     with pytest.raises(ConfigError, match="--signal-seconds"):
         render_script(_job(tmp_path, [("python",)], time="00:05:00", signal_seconds=300))
-    with pytest.raises(ConfigError, match="--nodes"):
-        render_script(_job(tmp_path, [("python",)], nodes=0))
+    for bad in (0, "0-2", "3-2", "2-", "a", "1-2-3", "2 ; x"):
+        with pytest.raises(ConfigError, match="--nodes"):
+            render_script(_job(tmp_path, [("python",)], nodes=bad))
+
+
+def test_a_node_range_goes_to_sbatch_and_the_header_says_what_a_requeue_does(tmp_path):
+    script = render_script(_job(tmp_path, [("python",)], nodes="2-8", gpus_per_node=8))
+    assert "#SBATCH --nodes=2-8" in script.splitlines()
+    assert "2-8 (as many as Slurm gives; a requeue may get another count and the run resumes on it)" in script
+    assert "#SBATCH --nodes=3" in render_script(_job(tmp_path, [("python",)], nodes="3")).splitlines()
 
 
 def test_setup_lines_and_passed_through_options_render(tmp_path):

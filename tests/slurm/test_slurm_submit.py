@@ -55,6 +55,8 @@ def test_pretrain_runs_the_cli_with_resume_and_verbatim_overrides(
     ]
     assert not (tmp_path / "pwned").exists()
     assert f"RUN_DIR={tmp_path / 'runs' / 'tiny_run'}" in script.splitlines()
+    ranged = _dry_run(capsys, ["pretrain", "--nodes", "1-4", "--time", "00:30:00", "--config", config])
+    assert "#SBATCH --nodes=1-4" in ranged.splitlines()
 
 
 def test_finetune_command(tmp_path, submit_config, capsys, fake_slurm, argv_recorder):
@@ -262,6 +264,7 @@ def test_mem_cpus_and_passed_through_sbatch_options(submit_config, capsys, caplo
     "option, message",
     [
         (["--mem", "lots"], "--mem"),
+        (["--nodes", "4-2"], "--nodes: expected 1 <= MIN <= MAX"),
         (["--sbatch-arg=--nodes=3"], "--nodes is set by mplug submit"),
         (["--sbatch-arg=--output=/x"], "--output is set by mplug submit"),
         (["--sbatch-arg=qos=high"], "expected --name"),

@@ -42,7 +42,9 @@ def register(subparsers) -> None:
 
 def _add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="YAML run config (configs/*.yaml)")
-    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--nodes", default="1", metavar="N|MIN-MAX",
+                   help="nodes, or a range: the job starts on as many as Slurm can give, and a requeue that gets "
+                   "another count resumes the run on it (the checkpoint is re-split over the new ranks)")
     p.add_argument(
         "--gpus-per-node", type=int, default=0, help="one task per GPU; 0 = one CPU process per node"
     )
