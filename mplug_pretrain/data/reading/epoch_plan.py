@@ -18,7 +18,8 @@ Resampled mode: T = ceil(ceil(samples_per_epoch / (B * world_size)) / W)  (open_
 Order and resume. A rank's batch k comes from logical slot k % W (its local batch k // W): torch's
 DataLoader takes batches from its workers round-robin. A loader resumed at ``start_batch`` = k lets
 DataLoader worker i play logical slot (i + k) % W and skip that slot's first ``local_skip(k, s, W)``
-batches, so it yields exactly batches k, k+1, ... of the uninterrupted epoch.
+batches, so it yields exactly batches k, k+1, ... of the uninterrupted epoch. On another layout (world size,
+workers or batch size), resplit.py re-splits the samples the first layout had not yielded.
 """
 from __future__ import annotations
 
@@ -31,13 +32,18 @@ from dataclasses import dataclass
 from mplug_pretrain.errors import DataError
 
 log = logging.getLogger(__name__)
-SHARD_SPLIT_SLACK = 1.1
-_WARNED: set = set()  # (shards, rows) already warned about  # shard split may cost at most 10% more batches than sample split
+SHARD_SPLIT_SLACK = 1.1  # shard split may cost at most 10% more batches than sample split
+_WARNED: set = set()  # (shards, rows) already warned about
 
 
 def derive_seed(*parts) -> int:
     """A stable 63-bit seed from any printable parts (Python's ``hash`` is salted per process)."""
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
+
+
+def slot_seed(seed: int, epoch: int, global_slot: int) -> int:
+    """The seed of every random choice of one slot's stream in one epoch."""
+    return derive_seed(seed, epoch, global_slot)
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,7 @@ class ExactPlan:
     """Deterministic exact-epoch plan from shard sample counts (identical on every rank)."""
 
     def __init__(self, shards: list[str], counts: list[int], *, world_size: int, workers: int, batch_size: int,
-                 shuffle: bool, seed: int):
+                 shuffle: bool, seed: int, warn: bool = True):
         if len(shards) != len(counts):
             raise ValueError("one count per shard")
         self.shards, self.counts = list(shards), list(counts)
@@ -68,7 +74,7 @@ class ExactPlan:
         self.split = ("shard" if len(shards) >= self.num_slots and shard_batches <= SHARD_SPLIT_SLACK * sample_batches
                       else "sample")
         self.batches_per_slot = shard_batches if self.split == "shard" else sample_batches
-        if shuffle:  # training (evaluation reads in order and drops the filler)
+        if shuffle and warn:  # training (evaluation reads in order and drops the filler)
             self._warn_filler()
 
     def _warn_filler(self) -> None:

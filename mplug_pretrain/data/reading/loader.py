@@ -1,7 +1,8 @@
 """``ShardLoader``: the object the trainer iterates. A torch ``DataLoader`` (batch_size=None: the
 stream batches itself) over a ``ShardStream``, plus epoch/resume position and decode counts.
 
-    loader.num_batches   batches per rank per epoch (the same on every rank)
+    loader.num_batches   batches per rank of the current epoch (the same on every rank; a re-split epoch counts
+                         those its earlier layout yielded, LoaderSpec.resplit_from)
     len(loader)          batches this iteration yields (num_batches - start_batch)
     loader.set_epoch(e, start_batch=0)  the next pass (its persistent workers read the new position)
     loader.stats         DecodeStats summed over all workers and iterations; loader.log_line()
@@ -63,7 +64,6 @@ class ShardLoader:
         self.answer_list = answer_list
         self.image_normalize = image_normalize
         self._dataloader: DataLoader | None = None  # made at the first pass, its workers kept for the next ones
-        self.num_batches = stream.spec.workers * stream.batches_per_slot
         self.stats = DecodeStats()
         self.set_epoch(stream.epoch, stream.start_batch)
 
@@ -72,13 +72,18 @@ class ShardLoader:
         return self.stream.epoch
 
     @property
+    def num_batches(self) -> int:
+        return self.stream.num_batches(self.epoch)
+
+    @property
     def start_batch(self) -> int:
         return self.stream.start_batch
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        if epoch < 0 or not 0 <= start_batch <= self.num_batches:
+        first, last = self.stream.first_batch(epoch), self.stream.num_batches(epoch)
+        if epoch < 0 or not first <= start_batch <= last:
             raise ConfigError(f"data position: epoch {epoch}, start_batch {start_batch} outside "
-                              f"0..{self.num_batches} batches per epoch")
+                              f"{first}..{last} batches per epoch")
         self.stream.move_to(epoch, start_batch)
 
     def __len__(self) -> int:

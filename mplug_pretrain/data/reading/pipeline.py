@@ -7,6 +7,9 @@ One worker's stream, top to bottom (``ShardStream.__iter__``):
   exact:      this slot's shards (epoch_plan) -> tar samples (corrupt shards counted)
               -> [every S-th raw sample, sample split] -> [shuffle buffer, seeded]
               -> number raw positions (count missing)
+  re-split:   (the epoch ``LoaderSpec.resplit_from`` names, resumed on another layout: resplit.py) the same,
+              over a plan of the samples the old layout had not consumed, keeping only those of its partly
+              read shards after tar samples; resampled: the rest of the budget, drawn afresh
   resampled:  per source: shards drawn with replacement -> tar samples -> shuffle buffer;
               sources mixed by weight (SeededRandomMix) -> number raw positions: T * B of them,
               webdataset's ``with_epoch(T)`` per worker with T from the manifest totals
@@ -17,7 +20,7 @@ Rank and slot come from the spec, else the process group (utils/process_group.py
 loader built before the group exists), and the DataLoader worker id (see ``epoch_plan`` for the split and the
 resume rule). Every random choice
 draws from a generator seeded by (seed, epoch, slot), so an epoch's batches are a function of
-(shards, seed, epoch, world_size, num_workers, batch_size).
+(shards, seed, epoch, world_size, num_workers, batch_size) (and of the resplit point, in a re-split epoch).
 """
 from __future__ import annotations
 
@@ -47,15 +50,19 @@ from mplug_pretrain.data.reading.epoch_plan import (
     local_skip,
     logical_slot,
     resampled_batches_per_slot,
+    slot_seed,
 )
 from mplug_pretrain.data.reading.loader import ShardLoader
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
+from mplug_pretrain.data.reading.resplit import IndexMask, Remainder, exact_remainder, resampled_remainder
 from mplug_pretrain.data.reading.stages import (
     SeededRandomMix,
     batch_by_position,
     decode_samples,
+    keep_listed,
     number_positions,
     resampled_urls,
+    seeded_shuffle,
     skip_positions,
     take_every,
     tar_samples,
@@ -90,13 +97,14 @@ class ShardStream(IterableDataset):
     """The per-worker stream of ready batches for one rank (see the module docstring). ``epoch`` and
     ``start_batch`` start at the spec's and move with ``ShardLoader.set_epoch``; they live in a shared-memory
     tensor, so persistent DataLoader workers (which keep their copy of this object) read the new position at the
-    start of each pass."""
+    start of each pass. ``remainder``: epoch ``spec.epoch`` re-split from another layout (``spec.resplit_from``);
+    its batches are numbered on from those that layout consumed, and later epochs follow ``plan``."""
 
     def __init__(self, spec: LoaderSpec, fmt, sources: list[ShardSource], rank: int, world_size: int,
-                 plan: ExactPlan | None, batches_per_slot: int):
+                 plan: ExactPlan | None, batches_per_slot: int, remainder: Remainder | None = None):
         super().__init__()
         self.spec, self.fmt, self.sources, self.rank, self.world_size = spec, fmt, sources, rank, world_size
-        self.plan, self.batches_per_slot = plan, batches_per_slot
+        self.plan, self.batches_per_slot, self.remainder = plan, batches_per_slot, remainder
         self.position = torch.tensor([spec.epoch, spec.start_batch], dtype=torch.int64).share_memory_()
 
     @property
@@ -110,6 +118,19 @@ class ShardStream(IterableDataset):
     def move_to(self, epoch: int, start_batch: int) -> None:
         self.position[0], self.position[1] = epoch, start_batch
 
+    def _rest(self, epoch: int) -> Remainder | None:
+        return self.remainder if self.remainder is not None and self.remainder.epoch == epoch else None
+
+    def first_batch(self, epoch: int) -> int:
+        """The first batch of ``epoch`` this loader can yield: after those another layout consumed (re-split)."""
+        rest = self._rest(epoch)
+        return rest.first_batch if rest else 0
+
+    def num_batches(self, epoch: int) -> int:
+        """Batches per rank of ``epoch`` (the same on every rank), a re-split epoch's earlier layout's included."""
+        rest = self._rest(epoch)
+        return self.first_batch(epoch) + self.spec.workers * (rest.batches_per_slot if rest else self.batches_per_slot)
+
     def __iter__(self):
         info = get_worker_info()
         running, workers, batch_size = info.num_workers if info else 1, self.spec.workers, self.spec.batch_size
@@ -117,47 +138,56 @@ class ShardStream(IterableDataset):
             raise RuntimeError(f"ShardStream planned for {workers} worker(s) runs in {running}; "
                                "iterate it through its ShardLoader")
         set_max_image_pixels(self.spec.max_image_pixels)  # in the process that decodes (a worker)
-        slot = logical_slot(info.id if info else 0, workers, self.start_batch)
+        rest = self._rest(self.epoch)
+        batches_per_slot = rest.batches_per_slot if rest else self.batches_per_slot
+        position = self.start_batch - self.first_batch(self.epoch)  # rank batches of this layout already yielded
+        slot = logical_slot(info.id if info else 0, workers, position)
         global_slot = self.rank * workers + slot
-        skip = local_skip(self.start_batch, slot, workers)
-        slot_seed = derive_seed(self.spec.seed, self.epoch, global_slot)
+        skip = local_skip(position, slot, workers)
+        seed = slot_seed(self.spec.seed, self.epoch, global_slot)
+        if rest:
+            seed = derive_seed(seed, "resplit")  # resampled: not the draws the slot of that number made before
+        if batches_per_slot == 0:  # a re-split epoch with nothing left
+            return iter(())
         stats = DecodeStats()
-        raw = (self._exact_stages(global_slot, slot_seed, stats) if self.spec.mode == "exact"
-               else self._resampled_stages(slot_seed, stats))
+        plan, keep = (rest.plan, rest.keep) if rest else (self.plan, {})
+        raw = (self._exact_stages(plan, keep, global_slot, seed, stats) if self.spec.mode == "exact"
+               else self._resampled_stages(seed, stats, batches_per_slot))
         return iter(wds.DataPipeline(raw + [
             partial(skip_positions, first=skip * batch_size),
-            partial(decode_samples, decode=partial(self.fmt.decode, seed=slot_seed), stats=stats),
+            partial(decode_samples, decode=partial(self.fmt.decode, seed=seed), stats=stats),
             partial(batch_by_position, batch_size=batch_size, first_batch=skip,
-                    num_batches=self.batches_per_slot, collate=self.fmt.collate, blank=self.fmt.blank, stats=stats),
+                    num_batches=batches_per_slot, collate=self.fmt.collate, blank=self.fmt.blank, stats=stats),
         ]))
 
-    def _shuffle_stage(self, seed: int):
-        return wds.shuffle(self.spec.shuffle_buffer, initial=self.spec.shuffle_buffer, rng=random.Random(seed))
-
-    def _exact_stages(self, global_slot: int, slot_seed: int, stats: DecodeStats) -> list:
-        assignment = self.plan.assignment(self.epoch, global_slot)
-        counts = dict(zip(self.plan.shards, self.plan.counts))
+    def _exact_stages(self, plan: ExactPlan, keep: dict[str, IndexMask], global_slot: int, seed: int,
+                      stats: DecodeStats) -> list:
+        assignment = plan.assignment(self.epoch, global_slot)
+        counts = dict(zip(self.plan.shards, self.plan.counts))  # whole shards (``plan`` may count a remainder)
         stages = [partial(url_list, assignment.shards),
                   # with a sample split every slot reads every shard: slot 0 alone reports broken shards
                   partial(tar_samples, stats=stats, expected=counts,
                           count_shard_errors=assignment.stride == 1 or global_slot == 0)]
+        if keep:
+            stages.append(partial(keep_listed, keep=keep))
         if assignment.stride > 1:
             stages.append(partial(take_every, stride=assignment.stride, offset=assignment.offset))
         if self.spec.shuffle:
-            stages.append(self._shuffle_stage(derive_seed(slot_seed, "samples")))
+            stages.append(seeded_shuffle(self.spec.shuffle_buffer, derive_seed(seed, "samples")))
         stages.append(partial(number_positions, stats=stats, expected=assignment.expected))
         return stages
 
-    def _resampled_stages(self, slot_seed: int, stats: DecodeStats) -> list:
+    def _resampled_stages(self, seed: int, stats: DecodeStats, batches_per_slot: int) -> list:
         per_source = []
         for i, src in enumerate(self.sources):
-            shuffle = self._shuffle_stage(derive_seed(slot_seed, "samples", i)) if self.spec.shuffle else None
+            shuffle = (seeded_shuffle(self.spec.shuffle_buffer, derive_seed(seed, "samples", i)) if self.spec.shuffle
+                       else None)
             per_source.append(wds.DataPipeline(
-                partial(resampled_urls, src.shards, random.Random(derive_seed(slot_seed, i))),
+                partial(resampled_urls, src.shards, random.Random(derive_seed(seed, i))),
                 partial(tar_samples, stats=stats), shuffle))
         mixed = (per_source[0] if len(per_source) == 1 else
-                 SeededRandomMix(per_source, [s.weight for s in self.sources], random.Random(derive_seed(slot_seed, "mix"))))
-        return [mixed, partial(number_positions, stats=stats, limit=self.batches_per_slot * self.spec.batch_size)]
+                 SeededRandomMix(per_source, [s.weight for s in self.sources], random.Random(derive_seed(seed, "mix"))))
+        return [mixed, partial(number_positions, stats=stats, limit=batches_per_slot * self.spec.batch_size)]
 
 
 def _check_local_shards(shards: list[str]) -> None:
@@ -188,16 +218,23 @@ def build_loader(spec: LoaderSpec, fmt, answer_list: list[str] | None = None,
     shards = all_shards(sources)
     _check_local_shards(shards)
     check_shard_kind(shards, fmt)
-    plan = None
+    plan, remainder, point = None, None, spec.resplit_from
+    if point is not None and (point.batches == 0 or point.layout == (world_size, spec.workers, spec.batch_size)):
+        point = None  # nothing consumed, or the same layout: the ordinary walk
     if spec.mode == "exact":
         plan = ExactPlan(shards, shard_sample_counts(shards), world_size=world_size, workers=spec.workers,
                          batch_size=spec.batch_size, shuffle=spec.shuffle, seed=spec.seed)
         batches_per_slot = plan.batches_per_slot
+        if point is not None:  # replays the old layout's positions from the shard counts (resplit.py)
+            remainder = exact_remainder(plan, point, epoch=spec.epoch, shuffle_buffer=spec.shuffle_buffer)
     else:
         total = spec.samples_per_epoch if spec.samples_per_epoch is not None else sum(shard_sample_counts(shards))
         batches_per_slot = resampled_batches_per_slot(total, batch_size=spec.batch_size, world_size=world_size,
                                                       workers=spec.workers)
-    stream = ShardStream(spec, fmt, sources, rank, world_size, plan, batches_per_slot)
+        if point is not None:
+            remainder = resampled_remainder(total, point, epoch=spec.epoch, batch_size=spec.batch_size,
+                                            world_size=world_size, workers=spec.workers)
+    stream = ShardStream(spec, fmt, sources, rank, world_size, plan, batches_per_slot, remainder)
     return ShardLoader(stream, answer_list=answer_list, image_normalize=image_normalize)
 
 

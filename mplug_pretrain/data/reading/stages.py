@@ -11,7 +11,7 @@ import logging
 import os
 import random
 import tarfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from functools import partial
 
 import numpy as np
@@ -60,6 +60,25 @@ def tar_samples(urls: Iterator[dict], *, stats: DecodeStats, expected: dict[str,
             kind = "truncated_tar" if any(isinstance(e, (tarfile.ReadError, EOFError)) for e in errors) else "bad_tar"
             stats.add(kind)
             log.warning("%s: %s after %d samples: %s", url, kind, read, errors[0])
+
+
+def keep_listed(samples: Iterator[dict], *, keep: dict[str, Container[int]]) -> Iterator[dict]:
+    """Of each shard named in ``keep``, only the samples whose index in the shard is listed (a re-split epoch: the
+    samples its first layout had not consumed); other shards pass whole. A shard's samples arrive together."""
+    url, index = None, 0
+    for sample in samples:
+        if sample["__url__"] != url:
+            url, index = sample["__url__"], 0
+        listed = keep.get(url)
+        if listed is None or index in listed:
+            yield sample
+        index += 1
+
+
+def seeded_shuffle(buffer: int, seed: int):
+    """webdataset's shuffle buffer, drawing from ``random.Random(seed)``. Its draws depend on the seed and on how
+    many samples came in, never on what they hold: data/reading/resplit.py replays it on sample indices."""
+    return wds.shuffle(buffer, initial=buffer, rng=random.Random(seed))
 
 
 def take_every(samples: Iterator[dict], *, stride: int, offset: int) -> Iterator[dict]:

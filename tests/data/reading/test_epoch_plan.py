@@ -28,12 +28,17 @@ def simulate(plan: ExactPlan, epoch: int):
     return per_slot
 
 
+def random_shards(rng: random.Random, most_shards: int, most_samples: int) -> tuple[list[str], list[int]]:
+    """1..most_shards shard names and their sample counts (0..most_samples; the first one not empty)."""
+    counts = [rng.randint(0, most_samples) for _ in range(rng.randint(1, most_shards))]
+    counts[0] = max(counts[0], 1)
+    return [f"s{i}.tar" for i in range(len(counts))], counts
+
+
 @pytest.mark.parametrize("trial", range(40))
 def test_exact_plan_covers_every_sample_once(trial):
     rng = random.Random(trial)
-    counts = [rng.randint(0, 30) for _ in range(rng.randint(1, 12))]
-    counts[0] = max(counts[0], 1)
-    shards = [f"s{i}.tar" for i in range(len(counts))]
+    shards, counts = random_shards(rng, 12, 30)
     plan = ExactPlan(shards, counts, world_size=rng.randint(1, 3), workers=rng.randint(1, 3),
                      batch_size=rng.randint(1, 8), shuffle=bool(trial % 2), seed=trial)
     for epoch in (0, 1):
