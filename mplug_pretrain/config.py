@@ -113,6 +113,7 @@ class RunConfig:
     eval_every_steps: int = 0
     val_batches: int = 0  # per rank and validation; 0: this rank's whole share of data.val_shards
     best_metric: str = "val_itc_r1"  # kept in <run>/best/ when it improves; *loss* metrics improve downwards
+    record_sample_keys: bool = False  # <run>/sample_keys/rank<R>.jsonl: the keys each step trained on (train/sample_keys.py)
 
 
 @dataclass

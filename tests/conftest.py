@@ -83,3 +83,12 @@ def model_dir(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("tiny") / "model")
     build_model("tiny").save_pretrained(path)
     return path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``make test`` runs two workers), the tests of one local Slurm cluster run on one
+    worker (``--dist loadgroup``): the cluster is a session fixture, and two clusters on a 2-core machine would
+    only compete."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))

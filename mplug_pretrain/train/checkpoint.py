@@ -115,9 +115,10 @@ def restore_rng(state: dict) -> None:
 
 # ----------------------------------------------------------------------------------------------- save
 def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_last: int, world_size: int = 1,
-                    run_config: str | None = None, task: str | None = None) -> str:
+                    run_config: str | None = None, task: str | None = None, layout: dict | None = None) -> str:
     """Collective: every rank calls it. ``run_config``: the run's config.yaml text, kept in the tag; ``task``:
-    the task's name, kept in the marker. Returns the tag written."""
+    the task's name, kept in the marker; ``layout``: the batch layout, kept in the marker (train/world_change.py).
+    Returns the tag written."""
     tag = tag_for(state.global_step)
     tag_dir = os.path.join(ckpt_dir, tag)
     if os.path.lexists(tag_dir) and tag != read_latest(ckpt_dir):
@@ -141,7 +142,7 @@ def save_checkpoint(engine, ckpt_dir: str, state: TrainerState, rank: int, keep_
     _barrier_while_saving(ckpt_dir, tag)
     if rank == 0:
         try:
-            _write_marker(tag_dir, state.global_step, world_size, task)
+            _write_marker(tag_dir, state.global_step, world_size, task, layout)
         except OSError as err:
             raise _write_failed(ckpt_dir, tag, err) from err
         _write_latest(ckpt_dir, tag)
@@ -189,9 +190,11 @@ def _tag_files(tag_dir: str) -> dict[str, int]:
     return out
 
 
-def _write_marker(tag_dir: str, step: int, world_size: int, task: str | None) -> None:
-    write_json_atomic(os.path.join(tag_dir, COMPLETE), {"step": step, "world_size": world_size, "task": task,
-                                                        "files": _tag_files(tag_dir)}, sort_keys=True)
+def _write_marker(tag_dir: str, step: int, world_size: int, task: str | None, layout: dict | None = None) -> None:
+    marker = {"step": step, "world_size": world_size, "task": task, "files": _tag_files(tag_dir)}
+    if layout:
+        marker["layout"] = layout
+    write_json_atomic(os.path.join(tag_dir, COMPLETE), marker, sort_keys=True)
 
 
 def _write_failed(ckpt_dir: str, tag: str, err: BaseException) -> CheckpointError:
@@ -445,3 +448,14 @@ def load_checkpoint(engine, ckpt_dir: str, tag: str, rank: int) -> TrainerState:
     payload = read_torch_file(path)
     restore_rng(payload["rng"])
     return TrainerState(**payload["trainer"])
+
+
+def read_trainer_states(ckpt_dir: str, tag: str, world: int) -> list[TrainerState]:
+    """Every rank's trainer state of ``tag`` (written by ``world`` ranks), rank order; RNG states not restored."""
+    states = []
+    for rank in range(world):
+        path = os.path.join(ckpt_dir, tag, f"trainer_state_rank{rank}.pt")
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{path}: missing (the tag's marker says {world} rank(s) wrote it)")
+        states.append(TrainerState(**read_torch_file(path)["trainer"]))
+    return states

@@ -35,18 +35,28 @@ from mplug_pretrain.data.reading.decode_stats import (
     nothing_decoded,
     sum_over_ranks,
 )
+from mplug_pretrain.data.reading.epoch_plan import derive_seed
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.train import checkpoint as ckpt
 from mplug_pretrain.train.block_compile import TEXT_LENGTH_MULTIPLE, pad_text, transformer_blocks
 from mplug_pretrain.train.checkpoint import TrainerState
-from mplug_pretrain.train.config_change import batch_size_change_note, check_resume_config, saved_batch_size
+from mplug_pretrain.train.config_change import check_resume_config
 from mplug_pretrain.train.distributed import init_distributed, naming_peer_failures
 from mplug_pretrain.train.engine import after_optimizer_step, build_engine, engine_precision, save_final_model
 from mplug_pretrain.train.flops import current_peak_flops, mfu
 from mplug_pretrain.train.run_folder import RunFolderLock, claim_run_folder
 from mplug_pretrain.train.run_log import RunLog, peak_memory_mb, plot_losses, reporters, truncate_log
+from mplug_pretrain.train.sample_keys import record_keys, truncate_keys
 from mplug_pretrain.train.schedule import apply_lr
 from mplug_pretrain.train.signals import PREEMPTED_MARKER, StopRequest
+from mplug_pretrain.train.world_change import (
+    LayoutChange,
+    end_epoch,
+    mark_resplit,
+    merged_trainer_state,
+    plan_layout_change,
+    resplit_point,
+)
 from mplug_pretrain.utils import process_group
 from mplug_pretrain.utils.atomic_files import write_json_atomic, write_text_atomic
 
@@ -110,6 +120,7 @@ def training_loader_spec(cfg: Config, rank: int, world_size: int, state: Trainer
     return LoaderSpec(d.train_shards, d.batch_size, d.num_workers, mode=d.mode, seed=cfg.run.seed, shuffle=True,
                       shuffle_buffer=d.shuffle_buffer, samples_per_epoch=d.samples_per_epoch, weights=d.train_weights,
                       epoch=state.epoch, start_batch=state.batch_in_epoch, rank=rank, world_size=world_size,
+                      resplit_from=resplit_point(state),  # the rest of an epoch begun on another layout
                       pin_memory=torch.cuda.is_available(),  # pinned batches: the non_blocking copies overlap
                       max_image_pixels=d.max_image_pixels)
 
@@ -175,6 +186,8 @@ class _Run:
     image_normalize: Callable | None = None  # the current loader's, for its uint8 images
     resume_tag: str | None = None  # the checkpoint this run continues
     resume_warnings: list = field(default_factory=list)  # damaged newer tags skipped
+    layout_change: LayoutChange | None = None  # the checkpoint's layout against this run's (train/world_change.py)
+    configured_batch: tuple = ()  # (data.batch_size, optim.grad_accum_steps) as configured, before any re-derivation
     lock: RunFolderLock | None = None  # rank 0's hold on the run folder
     best: float | None = None  # run.best_metric's best value so far (its model is <run>/best/)
     stop_flags: tuple[bool, bool] = (False, False)  # (stop requested, checkpoint due by time) on any rank
@@ -185,6 +198,12 @@ class _Run:
     @property
     def samples_per_step(self) -> int:
         return self.cfg.data.batch_size * self.cfg.optim.grad_accum_steps * self.world
+
+    @property
+    def batch_layout(self) -> dict:
+        """What the checkpoint marker keeps of the batch: the global batch, and the per-rank batch and accumulation
+        as configured (a resume on another rank count re-derives them from these: train/world_change.py)."""
+        return {"global_batch": self.samples_per_step, "configured_batch": list(self.configured_batch)}
 
 
 def bare_run(cfg: Config, task: TrainTask, engine, optimizer, rank: int = 0, world: int = 1) -> _Run:
@@ -215,9 +234,11 @@ def _prepare(cfg: Config, task: TrainTask, resume: str | None, info, lock: RunFo
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     ckpt.refuse_symlinked(ckpt_dir)
     tag, warnings = ckpt.resolve_resume(resume, ckpt_dir)
-    newer = []
+    newer, change = [], None
+    configured_batch = (cfg.data.batch_size, cfg.optim.grad_accum_steps)
     if tag is not None:
-        check_resume_config(cfg, ckpt_dir, tag, world)
+        change = plan_layout_change(cfg, ckpt_dir, tag, world)  # keeps the global batch on another rank count
+        check_resume_config(cfg, ckpt_dir, tag, batch_rederived=change is not None and change.batch_rederived)
         ckpt.refuse_unsafe_tag(os.path.join(ckpt_dir, tag))  # a copied run folder may hold a pickle that runs code
         newer = ckpt.check_newer_tags(ckpt_dir, tag, cfg.run.discard_newer)
     if rank == 0:
@@ -236,7 +257,8 @@ def _prepare(cfg: Config, task: TrainTask, resume: str | None, info, lock: RunFo
         torch.use_deterministic_algorithms(True, warn_only=True)
 
     model = task.build_model(cfg)
-    partitioned = tag is not None and ckpt.partitioned_layout(os.path.join(ckpt_dir, tag))
+    resharding = change is not None and change.reshard
+    partitioned = tag is not None and not resharding and ckpt.partitioned_layout(os.path.join(ckpt_dir, tag))
     engine, optimizer, ds_config = build_engine(model, cfg, world, partitioned)
     stage = ds_config["zero_optimization"]["stage"]
     if stage != cfg.distributed.zero_stage and rank == 0:
@@ -253,7 +275,8 @@ def _prepare(cfg: Config, task: TrainTask, resume: str | None, info, lock: RunFo
     peak = current_peak_flops(engine.device, cfg.run.cpu_peak_flops) if (bf16 or not on_gpu) else None
     return _Run(cfg=cfg, task=task, rank=rank, world=world, run_dir=run_dir, ckpt_dir=ckpt_dir, engine=engine,
                 optimizer=optimizer, device=engine.device, float_dtype=float_dtype, peak_flops=peak,
-                resume_tag=tag, resume_warnings=warnings, lock=lock)
+                resume_tag=tag, resume_warnings=warnings, lock=lock, layout_change=change,
+                configured_batch=configured_batch)
 
 
 def _resume(run: _Run) -> None:
@@ -262,13 +285,22 @@ def _resume(run: _Run) -> None:
     cfg, tag = run.cfg, run.resume_tag
     if tag is not None:
         settings = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
-        run.state = ckpt.load_checkpoint(run.engine, run.ckpt_dir, tag, run.rank)
+        change = run.layout_change
+        if change is not None and change.reshard:
+            run.state = _load_resharded(run, change)
+        else:
+            run.state = ckpt.load_checkpoint(run.engine, run.ckpt_dir, tag, run.rank)
         for group, own in zip(run.optimizer.param_groups, settings):
             group.update(own)  # this config's peak lrs, decay, betas: a change run.allow_config_change accepted applies
+    layout_notes = _layout_notes(run) if tag is not None else []
+    if tag is not None and cfg.run.record_sample_keys:
+        truncate_keys(run.run_dir, run.state.global_step, [run.rank])
     if run.rank == 0:
         save_config(cfg, os.path.join(run.run_dir, "config.yaml"))
         if tag is not None:
             truncate_log(run.run_dir, run.state.global_step)
+            if cfg.run.record_sample_keys and run.layout_change is not None:  # the old layout's other ranks
+                truncate_keys(run.run_dir, run.state.global_step, list(range(run.world, run.layout_change.saved_world)))
             if run.resume_warnings:
                 ckpt.name_latest(run.ckpt_dir, tag)  # a damaged newer tag was skipped: `latest` names a complete one
     run.stop = StopRequest().install()
@@ -279,14 +311,39 @@ def _resume(run: _Run) -> None:
         fallback = f" (the newer tag(s) were damaged: {len(run.resume_warnings)} skipped)" if run.resume_warnings else ""
         run.log.event(f"[train] resumed from {tag}: step {s.global_step}, samples {s.samples_seen}, "
                       f"epoch {s.epoch} batch {s.batch_in_epoch}{fallback}")
-        note = batch_size_change_note(saved_batch_size(run.ckpt_dir, tag), cfg.data.batch_size, s.epoch,
-                                      s.batch_in_epoch, run.world)
-        if note:
+        for note in layout_notes:
             run.log.event(note)
     run.nan_steps = set(cfg.run.inject_nonfinite_at_steps)
     run.last_ckpt_time = time.time()
     if tag is not None:
         run.best = _read_best(run.run_dir, cfg.run.best_metric)
+
+
+def _load_resharded(run: _Run, change: LayoutChange) -> TrainerState:
+    """A checkpoint of another rank count or ZeRO stage: its consolidated weights and optimizer state into this
+    engine (train/reshard.py), every old rank's trainer state merged, this rank's RNG reseeded."""
+    from mplug_pretrain.train.reshard import load_resharded
+    load_resharded(run.engine, run.ckpt_dir, run.resume_tag, run.rank, change.stage, change.saved_world)
+    states = ckpt.read_trainer_states(run.ckpt_dir, run.resume_tag, change.saved_world)
+    state = merged_trainer_state(states, run.rank)
+    seed_everything(derive_seed(run.cfg.run.seed, run.rank, state.global_step) % 2**62)
+    return state
+
+
+def _layout_notes(run: _Run) -> list[str]:
+    """What the resume changed of the layout (rank 0 prints them once the log is open)."""
+    change = run.layout_change
+    if change is None or not change.changed:
+        return []
+    notes = list(change.notes)
+    if change.reshard:
+        notes.append(f"[train] {run.resume_tag}: written by {change.saved_world} rank(s) at ZeRO-{change.saved_stage}, "
+                     f"resumed on {change.world} at ZeRO-{change.stage}: weights, optimizer moments, momentum "
+                     "encoders and queues re-split; each rank's RNG reseeded from (run.seed, rank, step)")
+    resplit = mark_resplit(run.state, change, os.path.join(run.ckpt_dir, run.resume_tag))
+    if resplit:
+        notes.append(resplit)
+    return notes
 
 
 def _micro_step(run: _Run, batch: dict) -> tuple[dict, bool] | None:
@@ -395,7 +452,7 @@ def _maybe_checkpoint(run: _Run) -> bool:
     if signal_flag or time_flag or finished or state.global_step % cfg.run.checkpoint_every_steps == 0:
         _write_pending_records(run)  # the log holds every step up to the checkpoint (a resume truncates after it)
         written = ckpt.save_checkpoint(run.engine, run.ckpt_dir, state, run.rank, cfg.run.keep_last, run.world,
-                                       run_config=config_text(cfg), task=run.task.name)
+                                       run_config=config_text(cfg), task=run.task.name, layout=run.batch_layout)
         run.last_ckpt_time = time.time()
         run.log.event(f"[train] checkpoint {written} written")
     if signal_flag:
@@ -488,6 +545,9 @@ def _train_epoch(run: _Run, loader: Iterable[dict]) -> bool:
         yielded += 1
         data_time += time.time() - data_start
         state.batch_in_epoch += 1
+        if run.cfg.run.record_sample_keys and "__key__" in batch:
+            record_keys(run.run_dir, run.rank, state.global_step + 1, state.epoch, batch["__key__"],
+                        batch.get("is_pad"))
         if hasattr(loader, "stats"):
             state.data_counts = dict(before + (loader.stats.counts - counted))
             if yielded == max(run.cfg.data.num_workers, 1):  # each worker's first batch of this pass is in
@@ -506,6 +566,7 @@ def _train_epoch(run: _Run, loader: Iterable[dict]) -> bool:
                         f"({run.cfg.data.train_shards})")
     state.epoch += 1
     state.batch_in_epoch = 0
+    end_epoch(state)
     return True
 
 

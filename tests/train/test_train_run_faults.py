@@ -167,17 +167,16 @@ def test_resume_from_an_older_tag_keeps_the_newer_one_unless_discarded(finished,
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)  # the discarded step re-trained exactly
 
 
-def test_an_accepted_batch_size_change_states_the_samples_it_skips(finished, tmp_path, demo_shards):
+def test_an_accepted_batch_size_change_resplits_the_rest_of_the_epoch(finished, tmp_path, demo_shards):
     run_dir, args = _copy(finished, tmp_path, demo_shards, extra=[
         f"optim.max_steps={STEPS + 1}", "run.allow_config_change=[data.batch_size,optim.max_steps]"])
     state = ckpt.read_torch_file(str(_newest(run_dir) / "trainer_state_rank0.pt"))["trainer"]
     proc = run_mplug(["pretrain", "--nproc", "2", *args, "data.batch_size=8", "--resume", "latest"], env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    per_rank = state["batch_in_epoch"] * (8 - 4)
     assert state["batch_in_epoch"] > 0
-    assert (f"data.batch_size changed 4 -> 8 (run.allow_config_change): epoch {state['epoch']} resumes at batch "
-            f"{state['batch_in_epoch']}") in proc.stdout
-    assert f"{per_rank * 2} samples of this epoch ({per_rank} per rank x 2 rank(s)) will not be seen" in proc.stdout
+    assert (f"epoch {state['epoch']}: the {state['batch_in_epoch']} batch(es) per rank consumed by 2 rank(s) x 1 "
+            "worker(s) stay consumed; the rest of the epoch is re-split over 2 x 1") in proc.stdout
+    assert read_log(run_dir)[-1]["samples_seen"] == read_log(finished)[-1]["samples_seen"] + 16  # 8 x 2 ranks
 
 
 def test_rerun_into_a_finished_run_is_refused_and_its_tags_survive(finished, tmp_path, demo_shards):
@@ -234,13 +233,16 @@ def test_an_allowed_change_applies(finished, tmp_path, demo_shards):
     assert last["lr_vision_decay"] == pytest.approx(reference_lr(STEPS + 1, 3e-4, 1, STEPS + 1, 1e-5), rel=1e-9)
 
 
-def test_resume_of_two_ranks_on_one_is_refused_before_work(finished, tmp_path, demo_shards):
+def test_resume_on_a_rank_count_no_batch_fits_is_refused_before_work(finished, tmp_path, demo_shards):
+    """2 ranks x batch 4 = a global batch of 8: no per-rank batch or accumulation gives 8 on 3 ranks (other
+    counts resume: tests/train/test_resume_other_world.py)."""
     run_dir, args = _copy(finished, tmp_path, demo_shards)
     before = _snapshot(run_dir)
     started = time.time()
-    proc = run_mplug(["pretrain", *args, "--resume", "latest"], env=ONE_THREAD)
+    proc = run_mplug(["pretrain", "--nproc", "3", *args, "--resume", "latest"], env=ONE_THREAD)
     assert proc.returncode == 2
-    assert "written by 2 rank(s), this run has 1" in proc.stderr and "--nproc 2" in proc.stderr
+    assert "written by 2 rank(s) with a global batch of 8" in proc.stderr
+    assert "Resume on one of: 1, 2, 4, 8 rank(s)" in proc.stderr
     assert time.time() - started < 60  # no model, no engine
     assert _snapshot(run_dir) == before
 

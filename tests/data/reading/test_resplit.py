@@ -134,6 +134,21 @@ def test_rest_of_the_epoch_on_another_layout_yields_every_sample_once(which, old
     assert collections.Counter(consumed + rest) == collections.Counter(keys)
 
 
+@pytest.mark.parametrize("new_batch", [2 * BATCH, BATCH - 1])
+def test_rest_of_the_epoch_with_another_batch_size_yields_every_sample_once(new_batch, data, tokenizer):
+    """An accepted data.batch_size change (or one re-derived to keep the global batch) re-splits the rest of the
+    epoch too: nothing skipped, nothing seen twice."""
+    urls, keys = data["shards"]
+    consumed = consumed_keys(urls, tokenizer, 2, 1, 3)
+    rest = []
+    for rank in range(2):
+        out = list(loader(urls, tokenizer, batch_size=new_batch, num_workers=1, rank=rank, world_size=2,
+                          start_batch=3, resplit_from=(2, 1, BATCH)))
+        assert out and all(b["image"].shape[0] == new_batch for b in out)
+        rest += real_keys(out)
+    assert collections.Counter(consumed + rest) == collections.Counter(keys)
+
+
 def test_next_epochs_follow_the_new_layout_and_a_second_stop_resumes(data, tokenizer):
     """After the re-split epoch the same (persistent-worker) loader walks the new layout's ordinary epochs; a stop
     inside the re-split epoch resumes on the same layout with the point and the batches counted on."""
