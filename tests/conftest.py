@@ -92,3 +92,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test leaves os.environ as it found it: an in-process training (init_distributed exports RANK,
+    WORLD_SIZE, MASTER_PORT for torch and DeepSpeed) must not turn a later test's `mplug pretrain --nproc 2` into
+    one rank of that world (a whole suite once failed 12 tests so)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)

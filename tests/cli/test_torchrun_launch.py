@@ -34,3 +34,16 @@ def test_rank_pids_are_this_processes_children_running_mplug(tmp_path):
         for proc in (rank, other):
             proc.kill()
             proc.wait()
+
+
+def test_nproc_under_an_inherited_world_of_another_size_is_refused(tmp_path, monkeypatch, demo_shards):
+    """A shell (or a process that trained in-process) with RANK=0 WORLD_SIZE=1 exported: `--nproc 2` used to run as
+    that one-rank world, silently. Now one line says so, before anything starts."""
+    from tests.helpers import call_mplug, tiny_pretrain_args
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    proc = call_mplug(["pretrain", "--nproc", "2", *tiny_pretrain_args(tmp_path, demo_shards, "inherited", 1)])
+    assert proc.returncode == 2
+    assert "--nproc 2: the environment already has RANK=0 WORLD_SIZE=1" in proc.stderr
+    assert "Unset RANK WORLD_SIZE LOCAL_RANK" in proc.stderr
+    assert not (tmp_path / "inherited").exists()

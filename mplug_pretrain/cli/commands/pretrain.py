@@ -6,6 +6,7 @@ import signal
 import sys
 
 from mplug_pretrain.cli.parsing import add_config_args, load_config_from_args
+from mplug_pretrain.errors import ConfigError
 
 LAUNCHER_PID = "MPLUG_LAUNCHER_PID"  # set for the ranks of `--nproc N`: the torchrun process they must die with
 
@@ -20,8 +21,10 @@ def register(sub) -> None:
 
 def run(args) -> int:
     cfg = load_config_from_args(args)  # validate before anything starts, also before a relaunch
-    if args.nproc and args.nproc > 1 and "RANK" not in os.environ:
-        _exec_torchrun(args.nproc)  # does not return
+    if args.nproc and args.nproc > 1:
+        refuse_inherited_world(args.nproc)
+        if "RANK" not in os.environ:
+            _exec_torchrun(args.nproc)  # does not return
     if os.environ.get(LAUNCHER_PID):
         from mplug_pretrain.utils.parent_death import die_with_parent
         # torchrun starts each rank in a session of its own: killed with -9, it would leave them training
@@ -34,6 +37,22 @@ def run(args) -> int:
     finally:
         shutdown_distributed()
     return 0
+
+
+def refuse_inherited_world(nproc: int) -> None:
+    """``--nproc N`` in a process whose environment already names a rank and a world of another size (a shell that
+    exported a launcher's RANK / WORLD_SIZE, or a process that ran a training in-process): the run would silently
+    be that world's rank instead of starting N ranks. Under a launcher that already started N ranks, --nproc N is
+    redundant and the process runs as its rank."""
+    if "RANK" not in os.environ or os.environ.get(LAUNCHER_PID):
+        return
+    world = os.environ.get("WORLD_SIZE")
+    if world != str(nproc):
+        raise ConfigError(
+            f"--nproc {nproc}: the environment already has RANK={os.environ['RANK']} WORLD_SIZE={world} (exported by "
+            "a launcher, or left over in this shell), which would make this process one rank of that world instead "
+            f"of starting {nproc}. Unset RANK WORLD_SIZE LOCAL_RANK to start {nproc} ranks here, or drop --nproc when "
+            "a launcher (torchrun, srun, mpirun) starts the ranks")
 
 
 def _without_nproc(argv: list[str]) -> list[str]:
