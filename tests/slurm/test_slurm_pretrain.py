@@ -63,13 +63,11 @@ def test_two_node_pretraining(two_node_run):
     assert (run_dir / "model" / "model.safetensors").is_file()
 
 
-def test_usr1_checkpoints_requeues_and_resumes_on_the_nodes_it_gets(slurm_cluster, tmp_path, demo_shards):
-    """``--nodes 1-2``: the job starts on both nodes; node2 is drained before the USR1, so the requeued job gets one
-    node and resumes the 2-rank checkpoint on 1 rank (global batch kept, the epoch's rest re-split)."""
+def test_usr1_checkpoints_requeues_and_resumes(slurm_cluster, tmp_path, demo_shards):
     steps = 40
     cfg = pretrain_config(tmp_path, demo_shards, "preempt", steps=steps, checkpoint_every=1000)
     run_dir = tmp_path / "preempt"
-    job_id = submit(slurm_cluster, "pretrain", "--nodes", "1-2", "--gpus-per-node", "0", "--time", "00:20:00",
+    job_id = submit(slurm_cluster, "pretrain", "--nodes", "2", "--gpus-per-node", "0", "--time", "00:20:00",
                     "--config", cfg)
     log_path = run_dir / "log.jsonl"
     deadline = time.time() + 600
@@ -77,12 +75,8 @@ def test_usr1_checkpoints_requeues_and_resumes_on_the_nodes_it_gets(slurm_cluste
         if log_path.exists() and len(log_path.read_text().splitlines()) >= 3:
             break
         time.sleep(0.2)
-    slurm_cluster.run("scontrol", "update", "nodename=node2", "state=drain", "reason=mplug-test")
-    try:
-        slurm_cluster.signal_batch(job_id)  # what --signal=B:USR1@T does before the time limit
-        record = slurm_cluster.wait(job_id, timeout=900)[0]
-    finally:
-        slurm_cluster.run("scontrol", "update", "nodename=node2", "state=resume")
+    slurm_cluster.signal_batch(job_id)  # what --signal=B:USR1@T does before the time limit
+    record = slurm_cluster.wait(job_id, timeout=900)[0]
     out = job_output(run_dir, job_id)
     assert record["JobState"] == "COMPLETED", out[-3000:]
     assert int(record.get("Restarts", "0")) == 1, record
@@ -91,13 +85,9 @@ def test_usr1_checkpoints_requeues_and_resumes_on_the_nodes_it_gets(slurm_cluste
     saved_step = int(saved[0].split("saved at step ")[1].split(",")[0])
     assert 3 <= saved_step < steps
     assert f"resumed from step{saved_step:08d}" in out
-    assert "written by 2 rank(s) at ZeRO-" in out and "resumed on 1 at ZeRO-" in out, out[-3000:]
-    log = read_log(run_dir)
-    assert [r["step"] for r in log] == list(range(1, steps + 1)), "a step lost or repeated"
-    assert len({r["samples_seen"] // r["step"] for r in log}) == 1  # the global batch stayed
+    assert [r["step"] for r in read_log(run_dir)] == list(range(1, steps + 1)), "a step lost or repeated"
     world = [json.loads(line) for line in (run_dir / "world.json").read_text().splitlines()]
     assert [w["slurm_restart_count"] in (None, "0") for w in world] == [True, False]
-    assert [w["world_size"] for w in world] == [2, 1]
     assert not (run_dir / "preempted").exists()
 
 
