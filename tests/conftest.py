@@ -86,12 +86,12 @@ def model_dir(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``make test`` runs two workers), the tests of one local Slurm cluster run on one
-    worker (``--dist loadgroup``): the cluster is a session fixture, and two clusters on a 2-core machine would
-    only compete."""
+    """Under pytest-xdist (``make test`` runs two workers with ``--dist loadgroup``) each test module runs on one
+    worker, so its module-scoped fixtures (a fine-tuning run, the demo) are made once, not once per worker; the
+    tests of the local Slurm cluster (a session fixture) all run on one worker."""
     for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        group = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
