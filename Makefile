@@ -13,13 +13,13 @@ venv:
 demo: venv
 	$(BIN)/mplug demo
 
-# two pytest workers (pytest-xdist; the tests of the local Slurm cluster stay on one: tests/conftest.py)
+# two pytest workers (pytest-xdist), each taking whole test modules (tests/conftest.py)
 test: venv
-	$(BIN)/python -m pytest -q -x -n 2 --dist loadgroup --durations=15 tests
+	$(BIN)/python -m pytest -q -x -n 2 --durations=15 tests
 
 # everything except the tests marked slow (demo, multi-rank DeepSpeed, Slurm, kill -9, CLI fine-tuning runs)
 test-fast: venv
-	$(BIN)/python -m pytest -q -x -n 2 --dist loadgroup --durations=15 -m "not slow" tests
+	$(BIN)/python -m pytest -q -x -n 2 --durations=15 -m "not slow" tests
 
 lint: venv
 	$(BIN)/ruff check mplug_pretrain tests

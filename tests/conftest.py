@@ -1,5 +1,6 @@
 """Shared test setup: offline, CPU, DeepSpeed's JIT builds cached inside the project."""
 import os
+import shutil
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -20,6 +21,24 @@ def demo_shards():
     from mplug_pretrain.demo.shards import ensure_demo_shards
     paths = ensure_demo_shards(os.path.join(REPO_ROOT, "data_shards"))
     return {k: v if os.path.isabs(v) else os.path.join(REPO_ROOT, v) for k, v in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def module_mktemp(tmp_path_factory, request):
+    """``mktemp(name)`` for one module's shared fixtures. What it made is removed once the module's tests are done,
+    unless one of them failed: kept for the whole session, the module-wide runs' checkpoints filled a CI disk
+    (a run of the suite wrote 22-26 GB). Per-test folders go as each test passes (tmp_path_retention_policy)."""
+    made = []
+    failed_before = request.session.testsfailed
+
+    def mktemp(name: str):
+        made.append(tmp_path_factory.mktemp(name))
+        return made[-1]
+
+    yield mktemp
+    if request.session.testsfailed == failed_before:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -85,13 +104,31 @@ def model_dir(tmp_path_factory):
     return path
 
 
+def _module_of(nodeid: str) -> str:
+    """The unit a pytest-xdist worker takes whole: a test module, or all tests of the local Slurm cluster (one
+    session fixture, one set of ports)."""
+    path = nodeid.split("::")[0]
+    return "tests/slurm" if path.startswith("tests/slurm/") else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``make test`` runs two workers; each takes whole modules, so a module's shared fixture (a fine-tuning run,
+    the demo) is made once, not once per worker. (``--dist loadgroup`` would do it with markers, but xdist 3.8
+    groups by rewriting ``item._nodeid``, which pytest 9 no longer reads: every module was split in two.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _module_of(nodeid)
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``make test`` runs two workers with ``--dist loadgroup``) each test module runs on one
-    worker, so its module-scoped fixtures (a fine-tuning run, the demo) are made once, not once per worker; the
-    tests of the local Slurm cluster (a session fixture) all run on one worker."""
-    for item in items:
-        group = "slurm" if "slurm_cluster" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Modules with slow end-to-end tests first, so that two workers finish together rather than one of them
+    starting the demo last (stable otherwise: the order within a module is kept)."""
+    slow = {_module_of(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _module_of(item.nodeid) not in slow)
 
 
 @pytest.fixture(autouse=True)

@@ -149,11 +149,11 @@ def _karpathy(images: list[tuple[str, str, int, str]]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
+def workspace(module_mktemp):
     """A folder with the inputs the documented commands name, written tiny. Not data/coco/ (retrieval_coco.yaml's
     full-size default): a recipe that swaps it for shards must not depend on it."""
     from mplug_pretrain.models.presets import build_model
-    root = tmp_path_factory.mktemp("documented")
+    root = module_mktemp("documented")
     demo = ensure_demo_shards(os.path.join(REPO_ROOT, "data_shards"))
     os.symlink(os.path.join(REPO_ROOT, "configs"), root / "configs")
     os.makedirs(root / "data_shards")

@@ -40,8 +40,8 @@ def save_model_folder(path: str, seed: int, generation: GenerationSettings | Non
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_model_folder(str(tmp_path_factory.mktemp("api") / "model"), seed=0)
+def model_dir(module_mktemp):
+    return save_model_folder(str(module_mktemp("api") / "model"), seed=0)
 
 
 @pytest.fixture(scope="module")

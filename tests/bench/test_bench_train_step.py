@@ -14,8 +14,8 @@ pytestmark = pytest.mark.slow  # two torchrun ranks with DeepSpeed: ~40-60 s on 
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench") / "train_step.json"
+def result(module_mktemp):
+    out = module_mktemp("bench") / "train_step.json"
     run(str(out), quick=True)
     with open(out) as f:
         return json.load(f)

@@ -14,8 +14,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
+def setup(module_mktemp):
+    root = module_mktemp("demo")
     torch.manual_seed(0)
     build_model("tiny").save_pretrained(str(root / "model"))
     write_synthetic_image_shards(str(root / "images"), name="val", num_scenes=8, captions_per_scene=3,

@@ -11,8 +11,8 @@ from mplug_pretrain.demo.shards import ensure_demo_shards
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    parent = tmp_path_factory.mktemp("demo")
+def demo(module_mktemp):
+    parent = module_mktemp("demo")
     return parent, ensure_demo_shards(str(parent / "data_shards"))
 
 

@@ -40,8 +40,8 @@ def job_output(run_dir, job_id):
 
 
 @pytest.fixture(scope="module")
-def two_node_run(slurm_cluster, tmp_path_factory, demo_shards):
-    tmp_path = tmp_path_factory.mktemp("slurm_pretrain")
+def two_node_run(slurm_cluster, module_mktemp, demo_shards):
+    tmp_path = module_mktemp("slurm_pretrain")
     cfg = pretrain_config(tmp_path, demo_shards, "twonode", steps=12, checkpoint_every=6)
     job_id = submit(slurm_cluster, "pretrain", "--nodes", "2", "--gpus-per-node", "0", "--time", "00:20:00",
                     "--config", cfg)

@@ -22,8 +22,8 @@ FAST = ["eval.num_workers=0", "eval.batch_size=2", "caption.generation.beam_size
 
 
 @pytest.fixture(scope="module")
-def val_shard(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("val")
+def val_shard(module_mktemp):
+    folder = module_mktemp("val")
     with ShardWriter(str(folder), "val", kind="image-text", created_by="test") as writer:
         for i, (image_id, refs) in enumerate(REFS.items()):
             rng = np.random.default_rng([5, i])

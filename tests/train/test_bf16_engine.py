@@ -15,9 +15,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
-def worker_results(request, tmp_path_factory, demo_shards):
+def worker_results(request, module_mktemp, demo_shards):
     stage = request.param
-    out = tmp_path_factory.mktemp(f"bf16_z{stage}")
+    out = module_mktemp(f"bf16_z{stage}")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)  # this checkout, not an installed copy
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO_ROOT, ".cache", "torch_extensions"))
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",

@@ -26,9 +26,9 @@ TAG = tag_for(STEPS)
 
 
 @pytest.fixture(scope="module")
-def written(tmp_path_factory, demo_shards):
+def written(module_mktemp, demo_shards):
     """{world size: checkpoints dir} of the same two-step tiny run on 2 ranks (ZeRO-2) and 1 rank (ZeRO-0)."""
-    root = tmp_path_factory.mktemp("reshard")
+    root = module_mktemp("reshard")
     out = {}
     for world in (2, 1):
         name = f"w{world}"

@@ -41,9 +41,9 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory, demo_shards):
+def finished(module_mktemp, demo_shards):
     """The finished 2-rank run's folder (3 tags, model/)."""
-    root = tmp_path_factory.mktemp("faults")
+    root = module_mktemp("faults")
     proc = run_mplug(["pretrain", "--nproc", "2", *tiny_pretrain_args(root, demo_shards, "done", STEPS, EXTRA)],
                      env=ONE_THREAD)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -286,11 +286,11 @@ def test_disk_full_while_checkpointing_on_a_real_small_filesystem(finished, tmp_
 
 
 @pytest.fixture(scope="module")
-def caption_run(tmp_path_factory):
+def caption_run(module_mktemp):
     """A caption fine-tuning run: stage 1 on cached features of the frozen ViT, stage 2 on images."""
     from mplug_pretrain.data.writers.synthetic import write_synthetic_image_shards
     from mplug_pretrain.models.presets import build_model
-    root = tmp_path_factory.mktemp("caption_export")
+    root = module_mktemp("caption_export")
     torch.manual_seed(0)
     build_model("tiny").save_pretrained(str(root / "tiny"))
     shards = write_synthetic_image_shards(str(root), num_scenes=16, captions_per_scene=2, layout="pair", seed=8,

@@ -44,8 +44,8 @@ def bomb_png(side: int = BOMB_SIDE) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def bomb_shard(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("bomb")
+def bomb_shard(module_mktemp):
+    folder = module_mktemp("bomb")
     with ShardWriter(str(folder), "b", kind="image-text", created_by="test") as writer:
         for i in range(3):
             writer.write({"__key__": f"ok{i}", "jpg": photo_jpeg(i), "txt": f"photo {i}"})

@@ -17,13 +17,13 @@ UNEVEN = [7, 13, 5, 9, 11, 3, 8, 4]  # 60 samples
 
 
 @pytest.fixture(scope="module")
-def uneven(tmp_path_factory):
-    return write_simple_shards(str(tmp_path_factory.mktemp("uneven")), UNEVEN)
+def uneven(module_mktemp):
+    return write_simple_shards(str(module_mktemp("uneven")), UNEVEN)
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    return write_simple_shards(str(tmp_path_factory.mktemp("single")), [22])
+def single(module_mktemp):
+    return write_simple_shards(str(module_mktemp("single")), [22])
 
 
 def loader(urls, tokenizer, max_text_len=16, train=False, **spec):

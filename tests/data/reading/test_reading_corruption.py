@@ -25,8 +25,8 @@ TRUNCATE_AT = 6  # cut the truncated shard inside this sample's first member
 
 
 @pytest.fixture(scope="module")
-def corrupt_shards(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("corrupt"))
+def corrupt_shards(module_mktemp):
+    folder = str(module_mktemp("corrupt"))
     good = []
     with ShardWriter(folder, "mixed", kind="image-text", created_by="test") as writer:
         for i in range(12):

@@ -82,8 +82,8 @@ BATCH, SEED, EPOCH, BUFFER = 4, 7, 2, 6  # a buffer smaller than the shards: som
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("resplit")
+def data(module_mktemp):
+    folder = module_mktemp("resplit")
     return {"shards": write_simple_shards(str(folder / "many"), UNEVEN),
             "one_shard": write_simple_shards(str(folder / "one"), ONE_SHARD)}
 

@@ -22,8 +22,8 @@ SIZE = 48
 
 
 @pytest.fixture(scope="module")
-def photo_shards(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("photos")
+def photo_shards(module_mktemp):
+    folder = module_mktemp("photos")
     with ShardWriter(str(folder), "p", kind="image-text", created_by="test", max_samples=6) as writer:
         for i in range(11):  # 160 x 120 photos; two of them large enough for draft mode at 48 px (>= 4 x 48 a side)
             size = (400, 300) if i in (3, 8) else (160, 120)

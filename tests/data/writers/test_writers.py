@@ -46,8 +46,8 @@ def read_tars(folder, name):
 
 
 @pytest.fixture(scope="module")
-def image_folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("images")
+def image_folder(module_mktemp):
+    root = module_mktemp("images")
     (root / "val2014").mkdir()
     files = {}
     for image_id, color in [(42, (200, 0, 0)), (7, (0, 200, 0)), (1234, (0, 0, 200))]:

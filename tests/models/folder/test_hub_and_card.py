@@ -47,8 +47,8 @@ def cache_model_folder(folder: str, repo_id: str, cache_dir: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def complete_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("hub") / "model"
+def complete_folder(module_mktemp):
+    folder = module_mktemp("hub") / "model"
     torch.manual_seed(0)
     model = build_model("tiny")
     model.save_pretrained(str(folder))

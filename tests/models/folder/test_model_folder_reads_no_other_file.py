@@ -24,10 +24,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def sent_folder(tmp_path_factory):
+def sent_folder(module_mktemp):
     """(a tiny model folder whose config.json names the trapped archive in every weight-path setting, marker)."""
     from mplug_pretrain.models.presets import build_model
-    root = tmp_path_factory.mktemp("sent")
+    root = module_mktemp("sent")
     marker = root / "marker"
     archive = root / "ViT-B-16.pt"
     save_trapped_archive(str(archive), str(marker))

@@ -34,14 +34,14 @@ def images():
 
 
 @pytest.fixture(scope="module")
-def eval_case(tmp_path_factory, model_dir, images):
+def eval_case(module_mktemp, model_dir, images):
     """Image-layout shards whose references partly overlap what the model will say, so that every metric is
     non-trivial: per image, the prediction with one word changed, a reordered copy, an unrelated caption."""
     from mplug_pretrain.models.mplug import MPLUG
     model = MPLUG.from_pretrained(model_dir).eval()
     transform = build_eval_transform(64)
     predictions = caption_images(model, torch.stack([transform(im) for im in images]), load_tokenizer(), SETTINGS)
-    folder = tmp_path_factory.mktemp("eval_shards")
+    folder = module_mktemp("eval_shards")
     references = {}
     with ShardWriter(str(folder), "test", kind="image-text", created_by="test", max_samples=100) as writer:
         for i, (image, caption) in enumerate(zip(images, predictions)):

@@ -24,8 +24,8 @@ SIZE = 64
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cache_shards")
+def shards(module_mktemp):
+    root = module_mktemp("cache_shards")
     out = {}
     for name, seed in (("a", 5), ("b", 6)):
         entry = write_synthetic_image_shards(str(root / name), num_scenes=6, captions_per_scene=2, layout="pair",

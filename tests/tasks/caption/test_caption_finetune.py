@@ -20,8 +20,8 @@ def shards():
 
 
 @pytest.fixture(scope="module")
-def small_shards(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("small_shards")
+def small_shards(module_mktemp):
+    folder = module_mktemp("small_shards")
     train = write_synthetic_image_shards(str(folder), num_scenes=16, captions_per_scene=2, layout="pair", seed=8,
                                          name="train")
     val = write_synthetic_image_shards(str(folder), num_scenes=4, captions_per_scene=3, layout="image", seed=9,

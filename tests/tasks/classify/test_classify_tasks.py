@@ -31,8 +31,8 @@ def _shards(root: str, write, name: str, num: int, seed: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("classification")
+def runs(module_mktemp) -> dict:
+    root = module_mktemp("classification")
     shards = str(root / "shards")
     snli = {"train": _shards(shards, write_synthetic_snli_ve, "snli_train", 1200, 0),
             "val": _shards(shards, write_synthetic_snli_ve, "snli_val", 300, 1)}

@@ -21,8 +21,8 @@ MARGIN = 10.0  # Acc@0.5 points above the centred box
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> dict:
-    root = tmp_path_factory.mktemp("grounding")
+def run(module_mktemp) -> dict:
+    root = module_mktemp("grounding")
     shards = root / "shards"
     for args in (["--num", "2000", "--name", "train"], ["--num", "300", "--seed", "1", "--name", "val"]):
         made = call_mplug(["make-shards", "grounding", "--synthetic", "--image-size", "32", "--out", str(shards),

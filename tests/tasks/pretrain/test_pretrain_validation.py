@@ -13,9 +13,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def validated_run(tmp_path_factory, demo_shards):
+def validated_run(module_mktemp, demo_shards):
     from mplug_pretrain.data.writers.synthetic import write_synthetic_image_shards
-    root = tmp_path_factory.mktemp("val")
+    root = module_mktemp("val")
     entry = write_synthetic_image_shards(str(root / "held_out"), num_scenes=24, captions_per_scene=1, layout="image",
                                          seed=11, name="val")
     val = os.path.join(str(root / "held_out"), entry["shards"][0]["file"])

@@ -20,8 +20,8 @@ STEPS = 200
 
 
 @pytest.fixture(scope="module")
-def finetuned(demo_shards, tmp_path_factory):
-    root = tmp_path_factory.mktemp("retrieval_ft")
+def finetuned(demo_shards, module_mktemp):
+    root = module_mktemp("retrieval_ft")
     val = demo_shards["pretrain_val"]
     common = ["data.train_shards=null", "model.vision.image_size=32", "eval.batch_size=64", "eval.k_test=8",
               "eval.num_workers=0", f"data.tokenizer={demo_shards['tokenizer']}"]

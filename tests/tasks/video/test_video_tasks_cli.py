@@ -104,9 +104,9 @@ def test_cider_only_equals_cider_d_on_ptb_tokens():
 
 
 @pytest.fixture(scope="module")
-def video_folder(tmp_path_factory):
+def video_folder(module_mktemp):
     """video0.mp4 .. video2.mp4 and their captions, as a downloaded data set would lie on disk."""
-    folder = tmp_path_factory.mktemp("videos")
+    folder = module_mktemp("videos")
     captions = {}
     for i in range(3):
         rng = np.random.default_rng(i)

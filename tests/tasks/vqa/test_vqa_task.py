@@ -28,8 +28,8 @@ MAX_ANSWER_LENGTH = 5
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> dict:
-    root = str(tmp_path_factory.mktemp("easy_vqa"))
+def shards(module_mktemp) -> dict:
+    root = str(module_mktemp("easy_vqa"))
     train = write_easy_vqa_shards(root, split="train", max_questions=320, seed=0, name="train")
     val = write_easy_vqa_shards(root, split="test", max_questions=48, seed=1, name="val")
     return {"train": shard_pattern(root, "train", len(train["shards"])),
@@ -37,10 +37,10 @@ def shards(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cli_runs(shards, tmp_path_factory) -> dict:
+def cli_runs(shards, module_mktemp) -> dict:
     """A random-init tiny model fine-tuned for 3 steps by `mplug finetune vqa` (generation at the end), then
     evaluated by `mplug eval vqa` with ranking and the legacy normalisation."""
-    root = tmp_path_factory.mktemp("vqa_cli")
+    root = module_mktemp("vqa_cli")
     init = str(root / "init")
     torch.manual_seed(0)
     build_model("tiny").save_pretrained(init)
