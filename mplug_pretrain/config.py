@@ -112,7 +112,10 @@ class RunConfig:
     # held-out validation while training (data.val_shards): every N optimizer steps and at the end (0: at the end)
     eval_every_steps: int = 0
     val_batches: int = 0  # per rank and validation; 0: this rank's whole share of data.val_shards
-    best_metric: str = "val_itc_r1"  # kept in <run>/best/ when it improves; *loss* metrics improve downwards
+    # kept in <run>/best/ when it improves (*loss* metrics improve downwards); "" = the task's own: pretraining
+    # val_itc_r1, caption val_cider_d, vqa val_vqa_accuracy, snli-ve / nlvr2 val_accuracy, grounding val_acc@0.5,
+    # retrieval val_r_mean
+    best_metric: str = ""
     record_sample_keys: bool = False  # <run>/sample_keys/rank<R>.jsonl: the keys each step trained on (train/sample_keys.py)
 
 

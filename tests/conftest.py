@@ -111,6 +111,7 @@ def _module_of(nodeid: str) -> str:
     return "tests/slurm" if path.startswith("tests/slurm/") else path
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent when xdist is not loaded
 def pytest_xdist_make_scheduler(config, log):
     """``make test`` runs two workers; each takes whole modules, so a module's shared fixture (a fine-tuning run,
     the demo) is made once, not once per worker. (``--dist loadgroup`` would do it with markers, but xdist 3.8

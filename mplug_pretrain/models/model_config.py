@@ -108,6 +108,9 @@ class HeadsConfig:
     loss_weights: dict = field(default_factory=lambda: {"itc": 1.0, "itm": 1.0, "mlm": 1.0, "prefixlm": 1.0})
     # ITC in-batch negatives: the rank's own micro-batch (the paper's) or every rank's (features gathered)
     itc_negatives: Literal["rank", "global"] = "rank"
+    # ITM hard negatives: drawn from the rank's own micro-batch (the paper's) or from every rank's (states gathered
+    # with their gradient: heads/itm_pool.py)
+    itm_negatives: Literal["rank", "global"] = "rank"
     # fine-tuned classification head (heads/classifier.py; SNLI-VE: 3 classes, 1 image; NLVR2: 2 classes,
     # 2 images); 0 = none. Set by `mplug finetune snli-ve|nlvr2`, kept in the model folder's config.json.
     classifier_classes: int = 0

@@ -43,6 +43,7 @@ from mplug_pretrain.models.fusion import build_fusion
 from mplug_pretrain.models.heads.classifier import FusedClassifier
 from mplug_pretrain.models.heads.itc import ImageTextContrastive
 from mplug_pretrain.models.heads.itm import ImageTextMatchingHead, sample_hard_negatives
+from mplug_pretrain.models.heads.itm_pool import gather_pool, pool_examples, pool_negatives
 from mplug_pretrain.models.heads.lm_head import LMPredictionHead
 from mplug_pretrain.models.heads.mlm import mask_tokens, mlm_loss
 from mplug_pretrain.models.heads.prefix_lm import prefix_lm_loss, split_prefix
@@ -53,6 +54,7 @@ from mplug_pretrain.models.step_hooks import StepHooks
 from mplug_pretrain.models.towers.text import TextEncoder, pool_text
 from mplug_pretrain.models.towers.vision import ImageEncoder, resize_positional_embedding
 from mplug_pretrain.models.weights.reader import load_weights_into, save_weights
+from mplug_pretrain.utils import process_group
 from mplug_pretrain.utils.host_syncs import host_any
 
 LOSS_NAMES = ("itc", "itm", "mlm", "prefixlm")
@@ -291,6 +293,12 @@ class MPLUG(InferenceMixin, StepHooks, nn.Module):
     def _itm_loss(self, image_states: torch.Tensor, text_states: torch.Tensor, mask: torch.Tensor,
                   image_feat: torch.Tensor, text_feat: torch.Tensor, idx: torch.Tensor | None,
                   image_kv: list | None = None) -> torch.Tensor:
+        if self.config.heads.itm_negatives == "global" and process_group.world_size() > 1:
+            pool = gather_pool(image_states, text_states, mask, image_feat, text_feat, idx)
+            examples = pool_examples(image_states, text_states, mask, pool,
+                                     pool_negatives(pool, image_feat, text_feat, idx, self.itc.similarities))
+            _, fused = self.fuse(examples.images, None, examples.texts, examples.text_mask, examples.image_rows)
+            return self.itm_head.loss(fused[:, 0], examples.labels, examples.weights)
         b = image_states.shape[0]
         with torch.no_grad():
             negatives = sample_hard_negatives(self.itc.similarities(image_feat, text_feat.t()), idx)

@@ -1,9 +1,11 @@
 """The steps every fine-tuning task shares: the training shards swapped into ``cfg.data``, the resolution and the
-model a task starts from, which parts are frozen, and the evaluation after the last step."""
+model a task starts from, which parts are frozen, held-out validation while training and the evaluation after the
+last step."""
 from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from collections.abc import Callable
 
 from torch import nn
@@ -11,6 +13,7 @@ from torch import nn
 from mplug_pretrain.config import Config
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.models.folder.config_io import CONFIG_FILE, read_model_config
+from mplug_pretrain.utils import process_group
 
 
 def with_task_shards(cfg: Config, section: str, command: str, what: str) -> Config:
@@ -75,3 +78,28 @@ def evaluate_exported_model(cfg: Config, tokenizer, evaluate_model: Callable[...
                                  os.path.join(cfg.run_dir, "metrics.json"), checkpoint=model_dir)
     barrier()
     return metrics
+
+
+def periodic_validation(cfg: Config, section: str, metrics_of: Callable[[nn.Module, Config, str], dict]):
+    """``TrainTask.validate`` of a fine-tuning task: the task's held-out metrics of the live model every
+    run.eval_every_steps optimizer steps and after the last, logged as ``val_<metric>`` as pretraining's are (with
+    <run>/best/ kept by run.best_metric). None unless run.eval_every_steps > 0 and ``<section>.val_shards`` is set:
+    without it, the evaluation of the final model after training is the only one.
+    ``metrics_of(module, cfg, out)`` evaluates the whole of the val shards, the same on every rank (every rank the
+    whole set: the wall time of one rank alone, and under ZeRO-3 every rank takes part in each forward anyway);
+    rank 0's report goes to <run>/val/metrics.json (the latest), the other ranks' to a scratch folder."""
+    if not cfg.run.eval_every_steps or not getattr(cfg, section).val_shards:
+        return None
+
+    def validate(module: nn.Module, cfg: Config) -> dict:
+        if process_group.rank() == 0:
+            folder = os.path.join(cfg.run_dir, "val")
+            os.makedirs(folder, exist_ok=True)
+            metrics = metrics_of(module, cfg, os.path.join(folder, "metrics.json"))
+        else:
+            with tempfile.TemporaryDirectory() as folder:
+                metrics = metrics_of(module, cfg, os.path.join(folder, "metrics.json"))
+        return {f"val_{name}": float(value) for name, value in metrics.items()
+                if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+    return validate

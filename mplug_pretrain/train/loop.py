@@ -102,9 +102,10 @@ class TrainTask:
     losses(module, batch, state) -> {"loss": scalar to optimise, "loss_*": scalars to log}
     flops_per_sample(cfg, batch) -> model FLOPs (forward + backward) of one sample of this batch, for MFU
         (None: the task has no FLOP count and MFU is not logged)
-    validate(module, cfg) -> {"val_*": number}: held-out metrics, called on every rank (each reads its share of
-        data.val_shards and the metrics are over all ranks) in eval mode without gradient, every
-        run.eval_every_steps optimizer steps and after the last (None: the task does not validate)
+    validate(module, cfg) -> {"val_*": number}: held-out metrics, called on every rank in eval mode without
+        gradient, every run.eval_every_steps optimizer steps and after the last (None: the task does not validate
+        this run); every rank returns the same metrics
+    best_metric: the ``validate`` key whose best value keeps <run>/best/ when run.best_metric is unset
     """
     name: str
     build_model: Callable[[Config], torch.nn.Module]
@@ -112,6 +113,7 @@ class TrainTask:
     losses: Callable[[torch.nn.Module, dict, TrainerState], dict]
     flops_per_sample: Callable[[Config, dict], float] | None = None
     validate: Callable[[torch.nn.Module, Config], dict] | None = None
+    best_metric: str = ""
 
 
 def training_loader_spec(cfg: Config, rank: int, world_size: int, state: TrainerState) -> LoaderSpec:
@@ -316,7 +318,7 @@ def _resume(run: _Run) -> None:
     run.nan_steps = set(cfg.run.inject_nonfinite_at_steps)
     run.last_ckpt_time = time.time()
     if tag is not None:
-        run.best = _read_best(run.run_dir, cfg.run.best_metric)
+        run.best = _read_best(run.run_dir, _best_metric(run))
 
 
 def _load_resharded(run: _Run, change: LayoutChange) -> TrainerState:
@@ -470,7 +472,7 @@ def _maybe_validate(run: _Run) -> None:
     cfg, state = run.cfg, run.state
     every = cfg.run.eval_every_steps
     last = state.global_step >= cfg.optim.max_steps
-    if run.task.validate is None or not cfg.data.val_shards or not (last or (every and state.global_step % every == 0)):
+    if run.task.validate is None or not (last or (every and state.global_step % every == 0)):
         return
     _write_pending_records(run)  # the steps before it first: log.jsonl stays in step order (a sync; rare)
     module = run.engine.module
@@ -486,17 +488,18 @@ def _maybe_validate(run: _Run) -> None:
     record = {"step": state.global_step, "samples_seen": state.samples_seen, **metrics,
               "val_time_s": time.time() - started}
     run.log.validation(record)
-    value = metrics.get(cfg.run.best_metric)
+    best_metric = _best_metric(run)
+    value = metrics.get(best_metric)
     if value is None:
         return
-    lower_is_better = "loss" in cfg.run.best_metric
+    lower_is_better = "loss" in best_metric
     if run.best is None or (value < run.best if lower_is_better else value > run.best):
         run.best = value
         best_dir = os.path.join(run.run_dir, "best")
         save_final_model(run.engine, best_dir, cfg.distributed.zero_stage, run.rank, cfg)
         if run.rank == 0:
             write_json_atomic(os.path.join(best_dir, BEST_METRICS_FILE), record)
-        run.log.event(f"[val] {cfg.run.best_metric} {value:.4g}: best so far, model in {best_dir}")
+        run.log.event(f"[val] {best_metric} {value:.4g}: best so far, model in {best_dir}")
 
 
 def _engine_autocast(engine):
@@ -505,6 +508,11 @@ def _engine_autocast(engine):
     if engine_precision(engine) == "bf16":
         return torch.autocast(device_type=torch.device(engine.device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def _best_metric(run: _Run) -> str:
+    """run.best_metric, else the task's own (pretraining: val_itc_r1)."""
+    return run.cfg.run.best_metric or run.task.best_metric
 
 
 def _read_best(run_dir: str, metric: str) -> float | None:

@@ -21,10 +21,10 @@ forward, utils/precision.py); the queues are fp32 buffers.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from mplug_pretrain.models.heads.rank_rows import gather_rows, rank_row_counts
 from mplug_pretrain.utils import process_group
 from mplug_pretrain.utils.host_syncs import check_on_device
 from mplug_pretrain.utils.precision import fp32_island
@@ -83,10 +83,10 @@ class ImageTextContrastive(nn.Module):
         q = self.queue_size
         keys_image, keys_text, keys_idx, offset = image_feat_m, text_feat_m, idx, 0
         if negatives == "global" and process_group.world_size() > 1:
-            sizes = _rank_row_counts(b, device)
+            sizes = rank_row_counts(b, device)
             offset = sum(sizes[:process_group.rank()])
-            keys_image, keys_text = (_gather_rows(t.detach().float(), sizes) for t in (image_feat_m, text_feat_m))
-            keys_idx = None if idx is None else _gather_rows(idx, sizes)
+            keys_image, keys_text = (gather_rows(t.detach().float(), sizes) for t in (image_feat_m, text_feat_m))
+            keys_idx = None if idx is None else gather_rows(idx, sizes)
         n = keys_image.shape[0]
         with fp32_island(device):
             filled = torch.cat([torch.ones(n, dtype=torch.bool, device=device),
@@ -120,8 +120,8 @@ class ImageTextContrastive(nn.Module):
         """Ring-buffer write of this step's momentum features (gathered over ranks)."""
         if idx is None:
             idx = torch.full((image_feat_m.shape[0],), -1, dtype=torch.long, device=image_feat_m.device)
-        sizes = _rank_row_counts(image_feat_m.shape[0], image_feat_m.device)
-        image_feat_m, text_feat_m, idx = (_gather_rows(t, sizes) for t in (image_feat_m, text_feat_m, idx))
+        sizes = rank_row_counts(image_feat_m.shape[0], image_feat_m.device)
+        image_feat_m, text_feat_m, idx = (gather_rows(t, sizes) for t in (image_feat_m, text_feat_m, idx))
         n, q = image_feat_m.shape[0], self.queue_size
         positions = (self.queue_ptr + torch.arange(n, device=image_feat_m.device)) % q  # on the device: no sync
         keep = slice(max(0, n - q), n)  # a batch larger than the queue: only its last Q rows survive
@@ -141,26 +141,3 @@ def _mask_columns(logits: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
     """Unfilled queue columns out of every softmax: the most negative finite fp32 (exp gives exactly 0, and
     times a zero target it stays 0, where -inf would give NaN)."""
     return logits.masked_fill(~filled, torch.finfo(logits.dtype).min)
-
-
-def _rank_row_counts(rows: int, device: torch.device) -> list[int]:
-    """Every rank's row count (ranks may hold different counts: a last partial batch), read on the host in one
-    go: a single sync per enqueue, none in a single process."""
-    world = process_group.world_size()
-    if world == 1:
-        return [rows]
-    counts = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
-    dist.all_gather(counts, torch.tensor([rows], device=device))
-    return torch.cat(counts).tolist()
-
-
-def _gather_rows(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    """Concatenate ``x`` [n_rank, ...] over all ranks; ``sizes`` = every rank's n (``_rank_row_counts``)."""
-    world = len(sizes)
-    if world == 1:
-        return x
-    padded = x.new_zeros((max(sizes),) + tuple(x.shape[1:]))
-    padded[: x.shape[0]] = x
-    chunks = [torch.zeros_like(padded) for _ in range(world)]
-    dist.all_gather(chunks, padded.contiguous())
-    return torch.cat([c[:s] for c, s in zip(chunks, sizes)])

@@ -44,16 +44,28 @@ def sample_hard_negatives(sim_i2t: torch.Tensor, idx: torch.Tensor | None = None
         same = torch.eye(b, dtype=torch.bool, device=sim_i2t.device)
     else:
         same = idx[:, None] == idx[None, :]
+    return draw_negatives(sim_i2t, sim_i2t.t(), same, eps, generator)
+
+
+@torch.no_grad()
+def draw_negatives(sim_i2t: torch.Tensor, sim_t2i: torch.Tensor, same: torch.Tensor, eps: float = 1e-4,
+                   generator: torch.Generator | None = None) -> HardNegatives:
+    """The draw of the module docstring from a pool of P candidates: sim_i2t [B, P] (image i against pool text j),
+    sim_t2i [B, P] (text i against pool image j), same [B, P] bool (pool pair j shares row i's id: no negative).
+    Indices are pool rows."""
     with fp32_island(sim_i2t.device):
-        sim = torch.nan_to_num(sim_i2t.float(), nan=0.0, posinf=1e4, neginf=-1e4)
-        w_i2t = (sim.softmax(1) + eps).masked_fill(same, 0)
-        w_t2i = (sim.t().softmax(1) + eps).masked_fill(same, 0)
-        valid = ~same.all(1)  # `same` is symmetric: the same rows lack candidates in both directions
+        w_i2t = (_finite(sim_i2t).softmax(1) + eps).masked_fill(same, 0)
+        w_t2i = (_finite(sim_t2i).softmax(1) + eps).masked_fill(same, 0)
+        valid = ~same.all(1)  # a pool pair carries one id for its image and its text: one mask for both sides
         w_i2t = torch.where(valid[:, None], w_i2t, 1.0)  # placeholders; those rows are weighted out by the caller
         w_t2i = torch.where(valid[:, None], w_t2i, 1.0)
         text_for_image = _draw_one(w_i2t, generator)
         image_for_text = _draw_one(w_t2i, generator)
     return HardNegatives(image_for_text, text_for_image, valid, valid.clone())
+
+
+def _finite(sim: torch.Tensor) -> torch.Tensor:
+    return torch.nan_to_num(sim.float(), nan=0.0, posinf=1e4, neginf=-1e4)
 
 
 def _draw_one(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -34,6 +34,7 @@ from mplug_pretrain.tasks.caption.data import CaptionImageFormat, CaptionText, l
 from mplug_pretrain.tasks.caption.losses import scst_batch_loss, xe_batch_loss
 from mplug_pretrain.tasks.caption.model import captioner, load_caption_model, training_image_size
 from mplug_pretrain.tasks.caption.scst import CiderDReward
+from mplug_pretrain.tasks.finetuning import periodic_validation
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training, seed_everything
 from mplug_pretrain.utils.atomic_files import write_json_atomic
@@ -109,9 +110,24 @@ class CaptionStage:
         return scst_batch_loss(module, batch, self.stage.freeze_vision, self.prompt, self.reward, self.tokenizer,
                                c.scst_samples, c.generation.max_length, c.scst_one_pass)
 
+    def held_out(self, module: nn.Module, cfg: Config, out: str) -> dict:
+        """Beam-search CIDEr-D of the live model on the whole of caption.val_shards (``periodic_validation``)."""
+        from mplug_pretrain.data.reading.pipeline import build_caption_eval_loader
+        from mplug_pretrain.tasks.caption.evaluate import fast_cider_d, generate_captions
+        from mplug_pretrain.tasks.evaluation import write_metrics
+        c = cfg.caption
+        spec = LoaderSpec.evaluation(c.val_shards, cfg.eval.batch_size, cfg.eval.num_workers, rank=0, world_size=1)
+        loader = build_caption_eval_loader(spec, image_size=module.config.vision.image_size)
+        predictions, references = generate_captions(module, loader, self.tokenizer, c.generation,
+                                                    next(module.parameters()).device)
+        metrics = {"cider_d": fast_cider_d(predictions, references), "num_images": len(predictions)}
+        write_metrics(out, metrics)
+        return metrics
+
     def task(self) -> TrainTask:
         return TrainTask(name=f"caption_{self.stage.name}", build_model=self.build_model,
-                         make_loader=self.make_loader, losses=self.losses)
+                         make_loader=self.make_loader, losses=self.losses,
+                         validate=periodic_validation(self.cfg, "caption", self.held_out), best_metric="val_cider_d")
 
 
 def _stage_cider(cfg: Config, model_dir: str, tokenizer) -> dict[str, float]:

@@ -24,6 +24,7 @@ from mplug_pretrain.tasks.finetuning import (
     freeze_parts,
     freeze_pretraining_heads,
     initial_model,
+    periodic_validation,
     with_task_shards,
 )
 from mplug_pretrain.train.checkpoint import TrainerState
@@ -67,8 +68,13 @@ def run(cfg: Config, resume: str | None = None, task: str = "snli-ve") -> dict:
     def losses(engine, batch: dict, state: TrainerState) -> dict:
         return {"loss": classification_loss(engine.module, batch)}
 
+    def held_out(module, cfg: Config, out: str) -> dict:
+        from mplug_pretrain.tasks.classify.evaluate import evaluate_model
+        return evaluate_model(module, cfg, spec, tokenizer, out)
+
     train_task = TrainTask(name=task, build_model=lambda c: build_model(c, spec), make_loader=make_loader,
-                           losses=losses)
+                           losses=losses, validate=periodic_validation(cfg, spec.section, held_out),
+                           best_metric="val_accuracy")
     summary = run_training(cfg, train_task, resume=resume)["summary"]
     metrics: dict = {}
     if summary["exit"] == "finished" and section.val_shards:

@@ -26,6 +26,7 @@ from mplug_pretrain.tasks.finetuning import (
     freeze_parts,
     freeze_pretraining_heads,
     initial_model,
+    periodic_validation,
     with_task_shards,
 )
 from mplug_pretrain.tasks.grounding.model import CoordinateTokens, teacher_forced_logits
@@ -76,8 +77,13 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     def losses(engine, batch: dict, state: TrainerState) -> dict:
         return {"loss": grounding_loss(engine.module, batch, tokens, g.loss_weighting)}
 
-    summary = run_training(cfg, TrainTask(name="grounding", build_model=build_model, make_loader=make_loader,
-                                          losses=losses), resume=resume)["summary"]
+    def held_out(module, cfg: Config, out: str) -> dict:
+        from mplug_pretrain.tasks.grounding.evaluate import evaluate_model
+        return evaluate_model(module, cfg, tokenizer, out)
+
+    task = TrainTask(name="grounding", build_model=build_model, make_loader=make_loader, losses=losses,
+                     validate=periodic_validation(cfg, "grounding", held_out), best_metric="val_acc@0.5")
+    summary = run_training(cfg, task, resume=resume)["summary"]
     metrics: dict = {}
     if summary["exit"] == "finished" and g.val_shards:
         from mplug_pretrain.tasks.grounding.evaluate import evaluate_model

@@ -76,5 +76,6 @@ def run_pretrain(cfg: Config, resume: str | None = None) -> dict:
         return held_out_metrics(module, cfg, load_tokenizer(cfg.data.tokenizer))
 
     task = TrainTask(name="pretrain", build_model=build_model, make_loader=build_train_loader, losses=losses,
-                     flops_per_sample=flops_per_sample, validate=validate)
+                     flops_per_sample=flops_per_sample, validate=validate if cfg.data.val_shards else None,
+                     best_metric="val_itc_r1")
     return run_training(cfg, task, resume=resume)

@@ -19,7 +19,12 @@ from torch import nn
 
 from mplug_pretrain.config import Config
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
-from mplug_pretrain.tasks.finetuning import finetune_image_size, initial_model, with_task_shards
+from mplug_pretrain.tasks.finetuning import (
+    finetune_image_size,
+    initial_model,
+    periodic_validation,
+    with_task_shards,
+)
 from mplug_pretrain.train.checkpoint import TrainerState
 from mplug_pretrain.train.loop import TrainTask, run_training
 from mplug_pretrain.train.schedule import distill_alpha
@@ -51,12 +56,28 @@ def run(cfg: Config, resume: str | None = None) -> dict:
         out = engine(batch, alpha=distill_alpha(cfg, state.global_step))
         return {key: out[key] for key in ("loss", "loss_itc", "loss_itm")}
 
-    summary = run_training(cfg, TrainTask(name="retrieval", build_model=build_model, make_loader=make_loader,
-                                          losses=losses), resume=resume)["summary"]
+    task = TrainTask(name="retrieval", build_model=build_model, make_loader=make_loader, losses=losses,
+                     validate=periodic_validation(cfg, "retrieval", _held_out), best_metric="val_r_mean")
+    summary = run_training(cfg, task, resume=resume)["summary"]
     metrics: dict = {}
     if summary["exit"] == "finished" and r.val_shards:
         metrics = _evaluate_final_model(cfg)
     return {"summary": summary, "metrics": metrics}
+
+
+def _val_config(cfg: Config) -> Config:
+    """``cfg`` whose eval.* names retrieval.val_shards (at the model's own resolution)."""
+    return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, shards=cfg.retrieval.val_shards,
+                                                             annotations=None, image_size=None))
+
+
+def _held_out(module, cfg: Config, out: str) -> dict:
+    """retrieval.val_shards metrics of the live model (the ITC top-k re-ranked by ITM, as after training)."""
+    from mplug_pretrain.tasks.evaluation import write_metrics
+    from mplug_pretrain.tasks.retrieval.evaluate import evaluate
+    metrics = evaluate(_val_config(cfg), module)
+    write_metrics(out, metrics)
+    return metrics
 
 
 def _evaluate_final_model(cfg: Config) -> dict:
@@ -66,8 +87,7 @@ def _evaluate_final_model(cfg: Config) -> dict:
     metrics: dict = {}
     if rank() == 0:
         model_dir = os.path.join(cfg.run_dir, "model")
-        eval_cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, shards=cfg.retrieval.val_shards,
-                                                                     annotations=None, image_size=None))
+        eval_cfg = _val_config(cfg)
         metrics = {**evaluate(eval_cfg, load_eval_model(eval_cfg, model_dir)), "checkpoint": model_dir}
         write_metrics(os.path.join(cfg.run_dir, "metrics.json"), metrics)
     barrier()

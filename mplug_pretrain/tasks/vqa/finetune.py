@@ -14,6 +14,8 @@ and the fusion too. The shared loop (train/loop.py) does DeepSpeed, the schedule
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,6 +30,7 @@ from mplug_pretrain.tasks.finetuning import (
     freeze_parts,
     freeze_pretraining_heads,
     initial_model,
+    periodic_validation,
     with_task_shards,
 )
 from mplug_pretrain.train.checkpoint import TrainerState
@@ -104,7 +107,14 @@ def run(cfg: Config, resume: str | None = None) -> dict:
     def losses(engine, batch: dict, state: TrainerState) -> dict:
         return {"loss": vqa_answer_loss(engine.module, batch, tokenizer, cfg.vqa.generation.max_length)}
 
-    task = TrainTask(name="vqa", build_model=build_model, make_loader=make_loader_builder(tokenizer), losses=losses)
+    def held_out(module, cfg: Config, out: str) -> dict:
+        from mplug_pretrain.tasks.vqa.evaluate import evaluate_model
+        # the submission beside the val metrics: vqa.submission is the final model's
+        return evaluate_model(module, dataclasses.replace(cfg, vqa=dataclasses.replace(cfg.vqa, submission=None)),
+                              tokenizer, out)
+
+    task = TrainTask(name="vqa", build_model=build_model, make_loader=make_loader_builder(tokenizer), losses=losses,
+                     validate=periodic_validation(cfg, "vqa", held_out), best_metric="val_vqa_accuracy")
     result = run_training(cfg, task, resume=resume)
     summary = result["summary"]
     metrics: dict = {}

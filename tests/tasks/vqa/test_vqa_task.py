@@ -38,8 +38,8 @@ def shards(module_mktemp) -> dict:
 
 @pytest.fixture(scope="module")
 def cli_runs(shards, module_mktemp) -> dict:
-    """A random-init tiny model fine-tuned for 3 steps by `mplug finetune vqa` (generation at the end), then
-    evaluated by `mplug eval vqa` with ranking and the legacy normalisation."""
+    """A random-init tiny model fine-tuned for 3 steps by `mplug finetune vqa` (validated at steps 2 and 3,
+    generation at the end), then evaluated by `mplug eval vqa` with ranking and the legacy normalisation."""
     root = module_mktemp("vqa_cli")
     init = str(root / "init")
     torch.manual_seed(0)
@@ -48,7 +48,7 @@ def cli_runs(shards, module_mktemp) -> dict:
               "eval.batch_size=48"]
     finetune = run_mplug(["finetune", "vqa", "--config", CONFIG, f"init_from={init}",
                           f"vqa.train_shards={shards['train']}", "vqa.inference=generate", "data.batch_size=8",
-                          "optim.max_steps=3", "optim.warmup_steps=1", "run.log_every=1",
+                          "optim.max_steps=3", "optim.warmup_steps=1", "run.log_every=1", "run.eval_every_steps=2",
                           f"run.output_dir={root}", "run.name=ft", *common], timeout=600)
     assert finetune.returncode == 0, finetune.stderr[-3000:]
     evaluate = call_mplug(["eval", "vqa", "--config", CONFIG, "--checkpoint", str(root / "ft" / "model"),
@@ -66,14 +66,28 @@ def load(path) -> dict | list:
 @pytest.mark.slow  # cli_runs: `mplug finetune vqa` + `mplug eval vqa` in subprocesses
 def test_finetune_cli_trains_saves_and_evaluates(cli_runs, shards):
     run_dir = cli_runs["run_dir"]
-    assert [r["step"] for r in read_log(run_dir)] == [1, 2, 3]
-    assert all(r["loss"] > 0 for r in read_log(run_dir))
+    steps = [r for r in read_log(run_dir) if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3] and all(r["loss"] > 0 for r in steps)
     assert os.path.isfile(run_dir / "model" / "model.safetensors")
     # the answer list of the training shards is kept with the model (issue 26)
     assert load(run_dir / "model" / "answer_list.json") == load(os.path.join(shards["root"], "train_answer_list.json"))
     metrics = load(run_dir / "metrics.json")
     assert metrics["inference"] == "generate" and metrics["num_questions"] == 48
     assert metrics["normalization"] == "official_2021" and 0.0 <= metrics["vqa_accuracy"] <= 100.0
+
+
+@pytest.mark.slow  # cli_runs
+def test_validation_while_fine_tuning_is_the_final_evaluation_at_the_last_step(cli_runs):
+    """run.eval_every_steps=2 of 3: the task's metric on the live model at steps 2 and 3, logged as val_*; at the
+    last step it equals the evaluation of the exported model after training (another load, the same questions)."""
+    run_dir = cli_runs["run_dir"]
+    records = [r for r in read_log(run_dir) if "val_vqa_accuracy" in r]
+    assert [r["step"] for r in records] == [2, 3]
+    assert all(r["val_num_questions"] == 48 and r["val_time_s"] > 0 for r in records)
+    assert records[-1]["val_vqa_accuracy"] == pytest.approx(load(run_dir / "metrics.json")["vqa_accuracy"], abs=1e-9)
+    best = max(records, key=lambda r: r["val_vqa_accuracy"])
+    assert load(run_dir / "best" / "val_metrics.json")["step"] == best["step"]
+    assert (run_dir / "best" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow  # cli_runs: `mplug finetune vqa` + `mplug eval vqa` in subprocesses
