@@ -42,3 +42,15 @@ def tiny_pretrain_args(tmp_path, shards, name, steps, extra=()):
             f"data.train_shards={shards['pretrain_train']}", "data.batch_size=4", "data.num_workers=1",
             f"optim.max_steps={steps}", "optim.warmup_steps=1", f"run.output_dir={tmp_path}",
             f"run.name={name}", "run.tensorboard=false", "model.heads.queue_size=32", *extra]
+
+
+def two_rank_worker(code: str, setting: str, out, test_file: str, timeout: int = 600) -> dict:
+    """Run ``code`` on 2 ranks under torchrun (gloo) with argv [setting, out, the test's folder] (the worker imports
+    the test module from there) and return the JSON that rank 0 wrote to ``out``."""
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+           "--no-python", sys.executable, "-c", code, setting, str(out), os.path.dirname(os.path.abspath(test_file))]
+    proc = subprocess.run(cmd, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out) as f:
+        return json.load(f)

@@ -2,15 +2,11 @@
 x 24 rows (the same 24 samples, a half-filled queue, same-id positives, momentum distillation): the mean of the two
 ranks' losses equals the one-process loss, and the gradients averaged over the ranks (what DeepSpeed's all-reduce
 does) equal the one-process gradients, fp32, 1e-5. Rank-local negatives (the paper's) give another loss."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import two_rank_worker
 
 pytestmark = pytest.mark.slow
 
@@ -67,15 +63,7 @@ def loss_and_grads(itc, inputs: dict, negatives: str) -> tuple[float, dict]:
 
 
 def _two_ranks(negatives: str, tmp_path) -> dict:
-    out = tmp_path / f"{negatives}.json"
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           "--no-python", sys.executable, "-c", WORKER, negatives, str(out),
-           os.path.dirname(os.path.abspath(__file__))]
-    proc = subprocess.run(cmd, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out) as f:
-        return json.load(f)
+    return two_rank_worker(WORKER, negatives, tmp_path / f"{negatives}.json", __file__)
 
 
 def test_global_negatives_on_two_ranks_equal_one_process(tmp_path):

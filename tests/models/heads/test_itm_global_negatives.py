@@ -5,15 +5,11 @@ ranks' losses equals the one-process loss, and the gradients of every parameter 
 DeepSpeed's all-reduce does) equal the one-process gradients. The draws reach the other rank's rows, never a row of
 the same id; the model's own forward with ``itm_negatives: global`` gives the same loss as the pooled functions, and
 rank-local negatives another one."""
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import two_rank_worker
 
 pytestmark = pytest.mark.slow
 ROWS, PER_RANK = 24, 12
@@ -113,15 +109,7 @@ def grads_of(model) -> dict:
 
 
 def _two_ranks(negatives: str, tmp_path) -> dict:
-    out = tmp_path / f"{negatives}.json"
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           "--no-python", sys.executable, "-c", WORKER, negatives, str(out),
-           os.path.dirname(os.path.abspath(__file__))]
-    proc = subprocess.run(cmd, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(out) as f:
-        return json.load(f)
+    return two_rank_worker(WORKER, negatives, tmp_path / f"{negatives}.json", __file__)
 
 
 def test_global_itm_negatives_on_two_ranks_equal_one_process_with_the_same_draws(tmp_path):
