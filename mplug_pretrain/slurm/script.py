@@ -279,11 +279,15 @@ export MASTER_ADDR MASTER_PORT PYTHONUNBUFFERED=1
 # each task reads its rank from SLURM_PROCID: a torchrun-style RANK / WORLD_SIZE inherited from the submitting
 # shell (sbatch exports it) would make every task a rank 0 of its own one-rank world
 unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK ROLE_RANK TORCHELASTIC_RUN_ID
+# the task count of this start: a requeued job keeps the task count of its first start in SLURM_NTASKS, but with
+# --nodes MIN-MAX it may come back on another node count
+TASKS=$((SLURM_JOB_NUM_NODES * {tasks_per_node}))
 {cpus_export}echo "[job] $SLURM_JOB_ID restart ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST," \\
-  "$SLURM_NTASKS tasks, rendezvous $MASTER_ADDR:$MASTER_PORT"
+  "$TASKS tasks, rendezvous $MASTER_ADDR:$MASTER_PORT"
 {prepare}
 
-srun --kill-on-bad-exit=1 "${{CMD[@]}}" &
+srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$TASKS" --ntasks-per-node={tasks_per_node} \\
+  "${{CMD[@]}}" &
 step=$!
 trap '{on_usr1}echo "[job] USR1: forwarding to the tasks"; kill -USR1 "$step" 2>/dev/null || true' USR1
 # `wait` returns early each time the trap runs: wait again until the step has really ended
@@ -333,5 +337,6 @@ def render_script(job: SlurmJob) -> str:
         run_dir=shlex.quote(job.run_dir),
         commands="\n".join(_command_lines(job)),
         cpus_export=cpus_export,
+        tasks_per_node=max(job.gpus_per_node, 1),
         **(_EVALUATION if job.kind == "eval" else _TRAINING),
     )

@@ -165,8 +165,10 @@ def slurm_cluster():
 # Without a cluster: run a rendered script under real bash, with stand-ins for srun and scontrol.
 
 FAKE_SRUN = """#!/bin/bash
-# one task on this machine: drop srun's own options, run the command
-while [[ ${1:-} == --* ]]; do shift; done
+# one task on this machine: record srun's own options (one line per call), drop them, run the command
+options=()
+while [[ ${1:-} == --* ]]; do options+=("$1"); shift; done
+echo "${options[*]}" >> "$FAKE_SLURM_LOG.srun"
 SLURM_PROCID=0 SLURM_LOCALID=0 SLURMD_NODENAME=node1 exec "$@"
 """
 
@@ -209,11 +211,17 @@ class FakeSlurm:
             SLURM_JOB_ID="123",
             SLURM_JOB_NODELIST="node[1-2]",
             SLURM_NTASKS="1",
+            SLURM_JOB_NUM_NODES="1",
         )
         full_env.update(env)  # a test's own values win (SLURM_JOB_ID, ...)
         return subprocess.run(
             ["bash", path], check=False, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=60
         )
+
+    def srun_options(self) -> list[str]:
+        """srun's own options, one string per call."""
+        with open(self.log + ".srun") as f:
+            return f.read().splitlines()
 
     def requeues(self) -> list[str]:
         if not os.path.exists(self.log):

@@ -70,6 +70,21 @@ def test_user_values_reach_the_program_verbatim(tmp_path, fake_slurm):
     assert not (tmp_path / "pwned").exists() and (tmp_path / "victim").is_dir()
 
 
+@pytest.mark.parametrize("gpus_per_node", [0, 4])
+def test_srun_starts_the_task_count_of_this_start(tmp_path, fake_slurm, gpus_per_node):
+    """A job on --nodes 1-3 requeued onto 3 nodes keeps SLURM_NTASKS of its first start (here 2): srun must start
+    3 nodes x tasks per node, from SLURM_JOB_NUM_NODES."""
+    script = render_script(_job(tmp_path, [(sys.executable, "-c", PRINT_ARGV)], nodes="1-3",
+                                gpus_per_node=gpus_per_node))
+    result = fake_slurm.run(script, cwd=str(tmp_path), SLURM_JOB_NUM_NODES="3", SLURM_NTASKS="2",
+                            SLURM_RESTART_COUNT="1")
+    assert result.returncode == 0, result.stderr
+    per_node = max(gpus_per_node, 1)
+    assert fake_slurm.srun_options() == [f"--kill-on-bad-exit=1 --nodes=3 --ntasks={3 * per_node} "
+                                         f"--ntasks-per-node={per_node}"]
+    assert f"{3 * per_node} tasks" in result.stdout
+
+
 def test_eval_array_picks_the_command_of_its_index(tmp_path, fake_slurm):
     values = _hostile_values(tmp_path)
     commands = [
