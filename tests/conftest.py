@@ -122,6 +122,7 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             return _module_of(nodeid)
 
+    config.option.loadscopereorder = False  # keep our order (slow modules first), not the largest modules first
     return ModuleScheduling(config, log)
 
 
