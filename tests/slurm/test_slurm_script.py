@@ -80,8 +80,8 @@ def test_srun_starts_the_task_count_of_this_start(tmp_path, fake_slurm, gpus_per
                             SLURM_RESTART_COUNT="1")
     assert result.returncode == 0, result.stderr
     per_node = max(gpus_per_node, 1)
-    assert fake_slurm.srun_options() == [f"--kill-on-bad-exit=1 --nodes=3 --ntasks={3 * per_node} "
-                                         f"--ntasks-per-node={per_node}"]
+    expected = f"--kill-on-bad-exit=1 --nodes=3 --ntasks={3 * per_node} --ntasks-per-node={per_node}"
+    assert fake_slurm.srun_options() == [expected]
     assert f"{3 * per_node} tasks" in result.stdout
 
 

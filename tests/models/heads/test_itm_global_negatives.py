@@ -22,7 +22,7 @@ sys.path.insert(0, sys.argv[3])
 from test_itm_global_negatives import make_case, rank_rows, pooled_loss, grads_of
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-model, batch = make_case(sys.argv[1])
+model, batch = make_case("global")
 local = rank_rows(batch, rank)
 torch.manual_seed(100 + rank)
 loss, negatives, drawn_from_other = pooled_loss(model, local, rank)
@@ -34,13 +34,16 @@ for g in grads.values():
 torch.manual_seed(100 + rank)  # the model's own forward draws the same negatives from the same RNG state
 model.zero_grad()
 forward_loss = model(local)["loss_itm"]
-totals = torch.tensor([float(loss), float(forward_loss), float(drawn_from_other)])
+torch.manual_seed(100 + rank)
+rank_local = make_case("rank")[0](local)["loss_itm"]  # the paper's rank-local draws: another loss
+totals = torch.tensor([float(loss), float(forward_loss), float(drawn_from_other), float(rank_local)])
 dist.all_reduce(totals)
 chosen = [torch.zeros_like(negatives) for _ in range(world)]
 dist.all_gather(chosen, negatives)
 if rank == 0:
     with open(sys.argv[2], "w") as f:
         json.dump({"loss": float(totals[0]) / world, "forward_loss": float(totals[1]) / world,
+                   "rank_local_loss": float(totals[3]) / world,
                    "drawn_from_other": int(totals[2]), "negatives": torch.cat(chosen, 1).tolist(),
                    "grads": {k: v.tolist() for k, v in grads.items()}}, f)
 dist.destroy_process_group()
@@ -128,5 +131,4 @@ def test_global_itm_negatives_on_two_ranks_equal_one_process_with_the_same_draws
     assert any(name.startswith("text_encoder.") for name in grads)
     for name, grad in grads.items():
         assert torch.allclose(torch.tensor(two["grads"][name]), grad, atol=1e-5, rtol=1e-4), name
-    local = _two_ranks("rank", tmp_path)  # rank-local negatives (the paper's): the forward gives another loss
-    assert abs(local["forward_loss"] - two["forward_loss"]) > 1e-4
+    assert abs(two["rank_local_loss"] - two["forward_loss"]) > 1e-4

@@ -43,7 +43,8 @@ def runs(module_mktemp) -> dict:
                                               ("nlvr2", "nlvr2", nlvr, 4, 16)):
         trained = run_mplug(["finetune", task, "--config", CONFIG, f"{section}.train_shards={data['train']}",
                              f"{section}.val_shards={data['val']}", f"optim.max_steps={steps}",
-                             f"run.output_dir={root}", f"run.name={section}", *COMMON, f"data.batch_size={batch}"],
+                             f"run.output_dir={root}", f"run.name={section}", *COMMON, f"data.batch_size={batch}",
+                             *(["run.eval_every_steps=2"] if task == "nlvr2" else [])],
                             timeout=1200)
         assert trained.returncode == 0, trained.stderr[-3000:]
         evaluated = call_mplug(["eval", task, "--config", CONFIG, "--checkpoint", str(root / section / "model"),
@@ -57,6 +58,16 @@ def runs(module_mktemp) -> dict:
 def _load(path):
     with open(path) as f:
         return json.load(f)
+
+
+@pytest.mark.slow  # runs
+def test_nlvr2_validation_while_fine_tuning_equals_the_final_evaluation_at_the_last_step(runs):
+    run = runs["nlvr2"]
+    records = [r for r in read_log(run["run_dir"]) if "val_accuracy" in r]
+    assert [r["step"] for r in records] == [2, 4] and all(r["val_num_examples"] == 40 for r in records)
+    assert records[-1]["val_accuracy"] == pytest.approx(_load(run["run_dir"] / "metrics.json")["accuracy"])
+    best = max(records, key=lambda r: r["val_accuracy"])
+    assert _load(run["run_dir"] / "best" / "val_metrics.json")["step"] == best["step"]
 
 
 def _recomputed(predictions: list[dict]) -> float:

@@ -34,7 +34,8 @@ def run(module_mktemp) -> dict:
                          f"grounding.train_shards={shards}/train-{{000000..000001}}.tar", f"optim.max_steps={STEPS}",
                          "optim.warmup_steps=10", "optim.lr_rest=3e-4", "optim.lr_vision=3e-4", "data.batch_size=32",
                          "grounding.loss_weighting=none",
-                         "run.log_every=10", f"run.output_dir={root}", "run.name=grounding"], timeout=3000)
+                         "run.log_every=10", f"run.eval_every_steps={STEPS}", f"run.output_dir={root}",
+                         "run.name=grounding"], timeout=3000)
     assert trained.returncode == 0, trained.stderr[-3000:]
     evaluated = call_mplug(["eval", "grounding", "--config", CONFIG, "--checkpoint", str(root / "grounding" / "model"),
                             "--out", str(root / "eval" / "metrics.json"), *common])
@@ -59,6 +60,10 @@ def _iou(a, b) -> float:
 def test_finetune_then_eval_write_consistent_box_metrics(run):
     assert [r["step"] for r in read_log(run["run_dir"])][-1] == STEPS
     final, evaluated = _load(run["run_dir"] / "metrics.json"), _load(run["eval"])
+    # validated at the last step on the live model (run.eval_every_steps): the final evaluation's figure
+    validated = [r for r in read_log(run["run_dir"]) if "val_acc@0.5" in r]
+    assert [r["step"] for r in validated] == [STEPS]
+    assert validated[0]["val_acc@0.5"] == pytest.approx(final["acc@0.5"]) and validated[0]["val_num_examples"] == 300
     predictions = _load(evaluated["predictions"])
     assert len(predictions) == 300 == evaluated["num_examples"]
     ious = [_iou(p["prediction"], p["box"]) for p in predictions]

@@ -30,7 +30,7 @@ def finetuned(demo_shards, module_mktemp):
                          f"retrieval.val_shards={val}", f"optim.max_steps={STEPS}", "optim.warmup_steps=10",
                          "optim.lr_vision=1e-3", "optim.lr_rest=1e-3", f"model.text.vocab_size={vocab_size(demo_shards['tokenizer'])}",
                          "model.text.dropout=0", "data.batch_size=24", "run.log_every=20", "run.tensorboard=false",
-                         "model.heads.queue_size=240",
+                         "model.heads.queue_size=240", f"run.eval_every_steps={STEPS}",
                          f"run.output_dir={root}", "run.name=ft", *common], timeout=900)
     assert trained.returncode == 0, trained.stderr[-3000:]
     evaluated = call_mplug(["eval", "retrieval", "--config", CONFIG, "--checkpoint", str(root / "ft" / "model"),
@@ -41,13 +41,24 @@ def finetuned(demo_shards, module_mktemp):
 
 @pytest.mark.slow  # a DeepSpeed fine-tuning run in a subprocess
 def test_only_itc_and_itm_train_and_the_folder_keeps_their_weights(finetuned):
-    log = read_log(finetuned / "ft")
+    log = [r for r in read_log(finetuned / "ft") if "loss" in r]
     assert [r["step"] for r in log] == list(range(1, STEPS + 1))
     assert all(r["loss_itc"] > 0 and r["loss_itm"] > 0 and "loss_mlm" not in r for r in log)
     assert all(r["loss"] == pytest.approx(r["loss_itc"] + r["loss_itm"], rel=1e-4) for r in log)
     with open(finetuned / "ft" / "model" / "config.json") as f:
         weights = json.load(f)["heads"]["loss_weights"]
     assert weights == {"itc": 1.0, "itm": 1.0, "mlm": 0.0, "prefixlm": 0.0}
+
+
+@pytest.mark.slow
+def test_validation_at_the_last_step_equals_the_final_evaluation(finetuned):
+    records = [r for r in read_log(finetuned / "ft") if "val_r_mean" in r]
+    with open(finetuned / "ft" / "metrics.json") as f:
+        final = json.load(f)
+    assert [r["step"] for r in records] == [STEPS]
+    for key in ("r_mean", "txt_r1", "img_r1"):
+        assert records[0][f"val_{key}"] == pytest.approx(final[key], abs=1e-9), key
+    assert (finetuned / "ft" / "best" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow
