@@ -296,7 +296,7 @@ class MPLUG(InferenceMixin, StepHooks, nn.Module):
         if self.config.heads.itm_negatives == "global" and process_group.world_size() > 1:
             pool = gather_pool(image_states, text_states, mask, image_feat, text_feat, idx)
             examples = pool_examples(image_states, text_states, mask, pool,
-                                     pool_negatives(pool, image_feat, text_feat, idx, self.itc.similarities))
+                                     pool_negatives(pool, image_feat, text_feat, self.itc.similarities))
             _, fused = self.fuse(examples.images, None, examples.texts, examples.text_mask, examples.image_rows)
             return self.itm_head.loss(fused[:, 0], examples.labels, examples.weights)
         b = image_states.shape[0]

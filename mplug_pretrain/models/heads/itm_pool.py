@@ -64,13 +64,12 @@ def gather_pool(image_states: torch.Tensor, text_states: torch.Tensor, text_mask
                 gather_rows(text_feat.detach(), sizes), gather_rows(idx, sizes), offset)
 
 
-def pool_negatives(pool: Pool, image_feat: torch.Tensor, text_feat: torch.Tensor, idx: torch.Tensor | None,
+def pool_negatives(pool: Pool, image_feat: torch.Tensor, text_feat: torch.Tensor,
                    similarities: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                    generator: torch.Generator | None = None) -> HardNegatives:
     """Negatives for this rank's B rows as pool rows; ``similarities(a [B, E], b [E, P])`` is ITC's (fp32 / tau)."""
-    b = image_feat.shape[0]
+    own = pool.ids[pool.offset:pool.offset + image_feat.shape[0]]  # this rank's ids as the pool holds them
     with torch.no_grad():
-        own = idx if idx is not None else torch.arange(pool.offset, pool.offset + b, device=image_feat.device)
         same = own[:, None] == pool.ids[None, :]
         return draw_negatives(similarities(image_feat, pool.text_feat.t()),
                               similarities(text_feat, pool.image_feat.t()), same, generator=generator)

@@ -94,7 +94,7 @@ def pooled_loss(model, batch: dict, rank: int, negatives=None):
     text_feat = model.itc.text_features(pool_text(text_states, mask, model.config.itc_pooling))
     pool = gather_pool(image_states, text_states, mask, image_feat, text_feat, idx)
     if negatives is None:
-        drawn = pool_negatives(pool, image_feat, text_feat, idx, model.itc.similarities)
+        drawn = pool_negatives(pool, image_feat, text_feat, model.itc.similarities)
     else:
         valid = ~(idx[:, None] == pool.ids[None, :]).all(1)
         drawn = HardNegatives(negatives[0], negatives[1], valid, valid.clone())
