@@ -95,6 +95,7 @@ class RunConfig:
     keep_last: int = 2  # DeepSpeed tags kept in checkpoints/ (tiny: 173 MB each; docs/configuration.md)
     max_nonfinite_in_row: int = 5
     tensorboard: bool = True  # false turns TensorBoard off whatever report_to says
+    plot_losses: bool = True  # plots/losses.png when the run finishes (matplotlib: about a second)
     report_to: list[Literal["tensorboard", "wandb"]] = field(default_factory=lambda: ["tensorboard"])
     wandb_project: str = "mplug_pretrain"  # report_to wandb: the project (WANDB_MODE=offline: local files only)
     wandb_entity: str | None = None

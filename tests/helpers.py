@@ -41,7 +41,7 @@ def tiny_pretrain_args(tmp_path, shards, name, steps, extra=()):
     return ["--config", os.path.join(REPO_ROOT, "configs", "pretrain_tiny.yaml"),
             f"data.train_shards={shards['pretrain_train']}", "data.batch_size=4", "data.num_workers=1",
             f"optim.max_steps={steps}", "optim.warmup_steps=1", f"run.output_dir={tmp_path}",
-            f"run.name={name}", "run.tensorboard=false", "model.heads.queue_size=32", *extra]
+            f"run.name={name}", "run.tensorboard=false", "run.plot_losses=false", "model.heads.queue_size=32", *extra]
 
 
 def two_rank_worker(code: str, setting: str, out, test_file: str, timeout: int = 600) -> dict:

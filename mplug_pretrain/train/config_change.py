@@ -22,7 +22,8 @@ from mplug_pretrain.train.checkpoint import saved_run_config
 # changes that do not touch what the checkpoint continues (names, or sections / prefixes of names)
 HARMLESS = (
     "run.log_every", "run.checkpoint_every_steps", "run.checkpoint_every_minutes", "run.keep_last",
-    "run.tensorboard", "run.output_dir", "run.name", "run.max_nonfinite_in_row", "run.inject_nonfinite_at_steps",
+    "run.tensorboard", "run.plot_losses", "run.output_dir", "run.name", "run.max_nonfinite_in_row",
+    "run.inject_nonfinite_at_steps",
     "run.cpu_peak_flops", "run.compile", "run.overwrite", "run.discard_newer", "run.allow_config_change", "run.deterministic",
     "run.record_sample_keys",
     "distributed.timeout_minutes", "distributed.backend", "model.grad_checkpointing",

@@ -602,7 +602,7 @@ def _finish(run: _Run, loader) -> dict:
     if run.exit_reason == "finished":
         save_final_model(run.engine, os.path.join(run.run_dir, "model"), run.cfg.distributed.zero_stage, run.rank,
                          run.cfg)
-        if run.rank == 0:
+        if run.rank == 0 and run.cfg.run.plot_losses:
             plot_losses(run.run_dir)
     if run.lock is not None:
         run.lock.release()  # (a run that fails releases it when it is collected, or when the process ends)

@@ -1,7 +1,7 @@
 """Host syncs per pretraining micro-step (bench/host_syncs.py over the loop's real ``_micro_step`` and
 ``after_optimizer_step`` on a single-process DeepSpeed engine): our code asks for at most 2 outside the log
-step (today 1: the all-rank finiteness flag before backward); DeepSpeed's own optimizer step is reported
-apart. The counter itself is checked on ops with a known answer."""
+step (today 1: the all-rank finiteness flag before backward); DeepSpeed's own optimizer step adds none on one
+rank. The counter itself is checked on ops with a known answer."""
 import json
 import subprocess
 import sys
@@ -37,7 +37,9 @@ def test_at_most_two_host_syncs_per_micro_step():
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["ours_per_micro_step"] and max(result["ours_per_micro_step"]) <= 2, result["sites"]
-    assert sum(result["per_micro_step"]) > sum(result["ours_per_micro_step"])  # DeepSpeed's step is counted too
+    # the whole micro-step, DeepSpeed's part included: AdamW is fused on the CPU too (torch's per-parameter loop
+    # read each parameter's step count back: 184 syncs a micro-step for the tiny preset, 185 in all)
+    assert result["per_micro_step"] == result["ours_per_micro_step"], result["by_source"]
 
 
 def test_tolist_reads_are_counted_when_asked():

@@ -59,6 +59,7 @@ def _iou(a, b) -> float:
 @pytest.mark.slow  # a fine-tuning run in a subprocess (DeepSpeed)
 def test_finetune_then_eval_write_consistent_box_metrics(run):
     assert [r["step"] for r in read_log(run["run_dir"])][-1] == STEPS
+    assert (run["run_dir"] / "plots" / "losses.png").stat().st_size > 1000  # run.plot_losses: true by default
     final, evaluated = _load(run["run_dir"] / "metrics.json"), _load(run["eval"])
     # validated at the last step on the live model (run.eval_every_steps): the final evaluation's figure
     validated = [r for r in read_log(run["run_dir"]) if "val_acc@0.5" in r]

@@ -1,5 +1,6 @@
 """Pretraining engine on real DeepSpeed (CPU, gloo): ZeRO stages, bf16, exact resume after kill -9,
-a checkpoint write killed half-way, export, non-finite loss handling. Launches real processes."""
+a checkpoint write killed half-way, export, non-finite loss handling. Launches real processes; the 2-rank
+runs the stage, ZeRO-3 vs ZeRO-2, kill -9 and export checks read are made once per module."""
 import os
 import signal
 import subprocess
@@ -14,50 +15,61 @@ from tests.helpers import REPO_ROOT, call_mplug, read_log, run_mplug, tiny_pretr
 
 pytestmark = pytest.mark.slow
 
+STEPS = 8  # the ZeRO-2 and ZeRO-3 fp32 runs (kill -9 at step 4 or later, then resume); the others take 3
+COMMON = ["run.checkpoint_every_steps=2", "model.heads.momentum=0.5"]
+
+
+def steps_of(stage: int, precision: str) -> int:
+    return STEPS if precision == "fp32" and stage in (2, 3) else 3
+
 
 def final_weights(run_dir):
     return load_file(os.path.join(run_dir, "model", "model.safetensors"))
 
 
+@pytest.fixture(scope="module")
+def two_rank_run(module_mktemp, demo_shards):
+    """``two_rank_run(stage, precision)`` -> the folder of a finished 2-rank run of ``steps_of`` steps (made once
+    per module: the stage, ZeRO-3 vs ZeRO-2, kill -9 and export checks read the same runs)."""
+    root, made = module_mktemp("two_rank"), {}
+
+    def run(stage: int, precision: str):
+        name = f"z{stage}{precision}"
+        if name not in made:
+            args = tiny_pretrain_args(root, demo_shards, name, steps=steps_of(stage, precision), extra=[
+                *COMMON, f"distributed.zero_stage={stage}", f"distributed.precision={precision}"])
+            proc = run_mplug(["pretrain", "--nproc", "2", *args])
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            made[name] = root / name
+        return made[name]
+    return run
+
+
 @pytest.mark.parametrize("stage, precision", [(1, "fp32"), (3, "fp32"), (2, "bf16")])
-def test_zero_stage_trains_two_ranks(tmp_path, demo_shards, stage, precision):
-    args = tiny_pretrain_args(tmp_path, demo_shards, f"z{stage}{precision}", steps=3,
-                              extra=[f"distributed.zero_stage={stage}", f"distributed.precision={precision}"])
-    proc = run_mplug(["pretrain", "--nproc", "2", *args])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run_dir = tmp_path / f"z{stage}{precision}"
+def test_zero_stage_trains_two_ranks(two_rank_run, stage, precision):
+    run_dir, steps = two_rank_run(stage, precision), steps_of(stage, precision)
     log = read_log(run_dir)
-    assert [r["step"] for r in log] == [1, 2, 3]
+    assert [r["step"] for r in log] == list(range(1, steps + 1))
     for record in log:
         for key in ("loss_itc", "loss_itm", "loss_mlm", "loss_prefixlm"):
             assert record[key] == record[key] and abs(record[key]) < 1e4, (key, record)
-    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step00000003"
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step{steps:08d}"
+    assert not (run_dir / "plots").exists()  # run.plot_losses=false (tiny_pretrain_args)
 
 
-def test_zero3_matches_zero2_including_momentum_encoders(tmp_path, demo_shards):
+def test_zero3_matches_zero2_including_momentum_encoders(two_rank_run):
     """ZeRO-3 partitions every parameter: if the momentum update were not done under gathered
     parameters, the momentum copies would drift from the ZeRO-2 run (where they are replicated)."""
-    runs = {}
-    for stage in (2, 3):
-        args = tiny_pretrain_args(tmp_path, demo_shards, f"m{stage}", steps=3, extra=[
-            f"distributed.zero_stage={stage}", "model.heads.momentum=0.5"])
-        proc = run_mplug(["pretrain", "--nproc", "2", *args])
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[stage] = final_weights(tmp_path / f"m{stage}")
+    runs = {stage: final_weights(two_rank_run(stage, "fp32")) for stage in (2, 3)}
     momentum_keys = [k for k in runs[2] if "momentum" in k or k.endswith("_m") or "_m." in k]
     assert momentum_keys, "no momentum parameters found in the saved model"
     for key, value in runs[2].items():
         torch.testing.assert_close(runs[3][key], value, rtol=1e-4, atol=1e-5, msg=key)
 
 
-def test_kill9_then_resume_equals_uninterrupted(tmp_path, demo_shards):
-    steps = 8
-    common = ["run.checkpoint_every_steps=2", "distributed.zero_stage=2"]
-    args = tiny_pretrain_args(tmp_path, demo_shards, "straight", steps=steps, extra=common)
-    proc = run_mplug(["pretrain", "--nproc", "2", *args])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    args = tiny_pretrain_args(tmp_path, demo_shards, "killed", steps=steps, extra=common)
+def test_kill9_then_resume_equals_uninterrupted(tmp_path, demo_shards, two_rank_run):
+    args = tiny_pretrain_args(tmp_path, demo_shards, "killed", steps=STEPS, extra=[
+        *COMMON, "distributed.zero_stage=2", "distributed.precision=fp32"])
     run_dir = tmp_path / "killed"
     victim = subprocess.Popen([sys.executable, "-m", "mplug_pretrain", "pretrain", "--nproc", "2", *args],
                               cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -74,17 +86,17 @@ def test_kill9_then_resume_equals_uninterrupted(tmp_path, demo_shards):
     victim.wait()
     time.sleep(1)
     killed_at = latest.read_text().strip()
-    assert "step00000004" <= killed_at < f"step{steps:08d}", killed_at
+    assert "step00000004" <= killed_at < f"step{STEPS:08d}", killed_at
 
     proc = run_mplug(["pretrain", "--nproc", "2", *args, "--resume", "latest"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"resumed from {killed_at}" in proc.stdout
-    straight, resumed = final_weights(tmp_path / "straight"), final_weights(run_dir)
+    straight, resumed = final_weights(two_rank_run(2, "fp32")), final_weights(run_dir)
     assert straight.keys() == resumed.keys()
     for key in straight:
         assert torch.equal(straight[key], resumed[key]), key
     steps_logged = [r["step"] for r in read_log(run_dir)]
-    assert steps_logged == list(range(1, steps + 1)), "log must hold each step once after resume"
+    assert steps_logged == list(range(1, STEPS + 1)), "log must hold each step once after resume"
 
 
 def test_checkpoint_write_killed_half_way_keeps_previous_latest(tmp_path, demo_shards):
@@ -102,19 +114,17 @@ def test_checkpoint_write_killed_half_way_keeps_previous_latest(tmp_path, demo_s
     assert [r["step"] for r in read_log(tmp_path / "halfway")] == list(range(1, 7))
 
 
-def test_export_from_zero3_loads_without_deepspeed(tmp_path, demo_shards):
-    args = tiny_pretrain_args(tmp_path, demo_shards, "exp", steps=2, extra=["distributed.zero_stage=3"])
-    proc = run_mplug(["pretrain", "--nproc", "2", *args])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_export_from_zero3_loads_without_deepspeed(tmp_path, two_rank_run):
+    run_dir = two_rank_run(3, "fp32")
     out = tmp_path / "exported"
-    proc = call_mplug(["export", "--checkpoint", str(tmp_path / "exp"), "--out", str(out)])
+    proc = call_mplug(["export", "--checkpoint", str(run_dir), "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     check = subprocess.run([sys.executable, "-c", f"""
 import sys, torch
 from mplug_pretrain.models.mplug import MPLUG
 assert 'deepspeed' not in sys.modules
 a = MPLUG.from_pretrained({str(out)!r}).eval()
-b = MPLUG.from_pretrained({str(tmp_path / 'exp' / 'model')!r}).eval()
+b = MPLUG.from_pretrained({str(run_dir / 'model')!r}).eval()
 assert 'deepspeed' not in sys.modules, 'loading must not need DeepSpeed'
 torch.manual_seed(0)
 image = torch.randn(2, 3, a.config.vision.image_size, a.config.vision.image_size)
