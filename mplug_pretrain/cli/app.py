@@ -68,3 +68,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"mplug: missing dependency: {missing_dependency(err, f'mplug {args.command}')}", file=sys.stderr)
         return 4
+
+
+def entry() -> None:
+    """The ``mplug`` script and ``python -m mplug_pretrain``: ``main``, then the process ends without the
+    interpreter's teardown (utils/fast_exit.py). An error that escapes ``main`` exits as usual."""
+    from mplug_pretrain.utils.fast_exit import exit_now
+    exit_now(main())

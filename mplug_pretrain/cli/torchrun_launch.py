@@ -85,4 +85,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from mplug_pretrain.utils.fast_exit import exit_now
+    exit_now(main(sys.argv[1:]))
