@@ -15,8 +15,9 @@ the full copies of persistent (small, never released) parameters: no gather, no 
 
 AdamW is torch's fused kernel on a GPU and on the CPU (one pass over each parameter's four tensors: on the CPU
 4-5x faster than torch's default per-parameter loop for the tiny preset's 184 tensors, and equal to it up to float
-rounding); not with the optimizer offloaded, which DeepSpeed runs its own way. On one rank at ZeRO-0 the engine skips DeepSpeed's gradient
-all-reduce (a flatten, a one-rank all-reduce and a copy back of every gradient, each step, for nothing).
+rounding); not with the optimizer offloaded, which DeepSpeed runs its own way. On one rank at ZeRO-0 the engine
+skips DeepSpeed's gradient all-reduce (a flatten, a one-rank all-reduce and a copy back of every gradient, each
+step, for nothing).
 """
 from __future__ import annotations
 
@@ -80,10 +81,11 @@ def build_engine(model, cfg: Config, world_size: int, partitioned_checkpoint: bo
     model.defer_enqueue = True  # queues take a batch only once its loss is finite on every rank (models/step_hooks.py)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
     _check_fp32_parameters(engine.module)
-    if ds_config["zero_optimization"]["stage"] == 0 and engine.dp_world_size == 1:
-        engine.enable_backward_allreduce = False  # the gradients are already this one rank's (= the average)
-    if ds_config["zero_optimization"]["stage"] == 0 and cfg.optim.grad_clip > 0:
-        use_foreach_clipping(engine)
+    if ds_config["zero_optimization"]["stage"] == 0:
+        if engine.dp_world_size == 1:
+            engine.enable_backward_allreduce = False  # the gradients are already this one rank's (= the average)
+        if cfg.optim.grad_clip > 0:
+            use_foreach_clipping(engine)
     if cfg.run.compile:
         from mplug_pretrain.train.block_compile import compile_blocks
         compile_blocks(engine.module, cfg.run.compile_backend)  # in place: names and DeepSpeed's hooks unchanged
