@@ -44,12 +44,18 @@ def tiny_pretrain_args(tmp_path, shards, name, steps, extra=()):
             f"run.name={name}", "run.tensorboard=false", "run.plot_losses=false", "model.heads.queue_size=32", *extra]
 
 
+def forked_ranks(nproc: int, *target: str) -> list[str]:
+    """The command running ``target`` (a script and its arguments, or ``-c CODE ...``) on ``nproc`` ranks forked
+    from one process that imported torch, DeepSpeed and the model first (tests/fork_ranks.py): torchrun's
+    environment, without a fresh interpreter per rank."""
+    return [sys.executable, os.path.join(REPO_ROOT, "tests", "fork_ranks.py"), str(nproc), *target]
+
+
 def two_rank_worker(code: str, setting: str, out, test_file: str, timeout: int = 600) -> dict:
-    """Run ``code`` on 2 ranks under torchrun (gloo) with argv [setting, out, the test's folder] (the worker imports
-    the test module from there) and return the JSON that rank 0 wrote to ``out``."""
+    """Run ``code`` on 2 forked ranks (gloo) with argv [setting, out, the test's folder] (the worker imports the
+    test module from there) and return the JSON that rank 0 wrote to ``out``."""
     env = dict(os.environ, PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-           "--no-python", sys.executable, "-c", code, setting, str(out), os.path.dirname(os.path.abspath(test_file))]
+    cmd = forked_ranks(2, "-c", code, setting, str(out), os.path.dirname(os.path.abspath(test_file)))
     proc = subprocess.run(cmd, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out) as f:

@@ -45,7 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run_command(build_parser().parse_args(argv))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The parsed command, its user-fixable errors turned into one ``mplug: ...`` line and an exit code."""
     try:
         return int(args.func(args) or 0)
     except ConfigError as err:

@@ -31,7 +31,7 @@ DEMO_CONFIG = config_file("demo.yaml")
 
 QUICK_PRETRAIN = ["optim.max_steps=30", "optim.warmup_steps=5", "optim.alpha_warmup_steps=10", "run.log_every=10"]
 
-# Pretraining runs as `mplug pretrain --nproc 2` (torchrun, gloo, one thread per rank; data.batch_size is per
+# Pretraining runs as `mplug pretrain --nproc 2` (forked ranks, gloo, one thread per rank; data.batch_size is per
 # rank): one process with one thread left the second core idle. One rank of 24 with two threads (OpenMP's short
 # spin, docs/configuration.md "CPU threads") is as fast and retrieves better, but its captioner lost beam CIDEr-D under SCST
 # on a fresh clone (bench/NOTES.md "Demo: one rank of 24 with two threads"), so the demo keeps two ranks.

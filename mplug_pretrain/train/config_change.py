@@ -26,7 +26,7 @@ HARMLESS = (
     "run.inject_nonfinite_at_steps",
     "run.cpu_peak_flops", "run.compile", "run.overwrite", "run.discard_newer", "run.allow_config_change", "run.deterministic",
     "run.record_sample_keys",
-    "distributed.timeout_minutes", "distributed.backend", "model.grad_checkpointing",
+    "distributed.timeout_minutes", "distributed.backend", "distributed.rank_start", "model.grad_checkpointing",
     # the layout: the checkpoint is re-split onto it (train/world_change.py)
     "distributed.zero_stage", "data.num_workers",
     # files that only initialise weights: the checkpoint holds every weight (a different architecture still

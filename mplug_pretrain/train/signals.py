@@ -7,7 +7,7 @@ requeue the job.
 
 ``scancel`` and Slurm's time limit signal the whole process group: the DataLoader workers ignore these signals
 (``data/reading/loader.py``, ``leave_stop_signals_to_main``), so only the main process acts on them. The ranks of
-``mplug pretrain --nproc N`` get SIGTERM from the kernel when their torchrun dies (``cli/commands/pretrain.py``).
+``mplug pretrain --nproc N`` get SIGTERM from the kernel when their launcher dies (``cli/commands/pretrain.py``).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``die_with_parent``: the kernel signals this process when its parent exits (Linux ``prctl(PR_SET_PDEATHSIG)``).
 
 Used where a parent may be killed without a chance to clean up (``kill -9``, the OOM killer): the ranks that
-``mplug pretrain --nproc N`` starts through torchrun (which puts each rank in a session of its own, so a signal
+``mplug pretrain --nproc N`` starts (forked, or through torchrun: each rank in a session of its own, so a signal
 to the launcher's process group never reaches them) and the DataLoader workers of every rank. Elsewhere
 (macOS) it does nothing and says so by returning False.
 """

@@ -1,4 +1,4 @@
-"""One rank of the bf16 engine check (tests/train/test_bf16_engine.py), started by torch.distributed.run with
+"""One rank of the bf16 engine check (tests/train/test_bf16_engine.py), started by tests/fork_ranks.py with
 2 ranks on gloo: real DeepSpeed in bf16 (distributed.precision=bf16), the loop's own ``_micro_step`` and
 ``after_optimizer_step``. Records, for the test to judge against independent computations:
 - momentum: the momentum parameters after N steps, and an fp32 EMA recomputed here step by step from the
@@ -7,7 +7,7 @@
 - export: save_final_model's folder against the fp32 masters;
 - a NaN batch on rank 1 only: skipped on both ranks, queues unchanged, counted;
 - the ITC temperature's master pushed out of range, then clamped by after_optimizer_step.
-    python -m torch.distributed.run --nproc_per_node 2 tests/train/bf16_engine_worker.py STAGE OUT_DIR SHARDS
+    python tests/fork_ranks.py 2 tests/train/bf16_engine_worker.py STAGE OUT_DIR SHARDS
 """
 import json
 import os

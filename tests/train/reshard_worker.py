@@ -1,10 +1,10 @@
-"""One rank of the resharding check (tests/train/test_reshard.py), started by torch.distributed.run on gloo:
+"""One rank of the resharding check (tests/train/test_reshard.py), started by tests/fork_ranks.py on gloo:
 build the engine of the tag's run config at ZeRO stage STAGE on this world size, ``load_resharded`` the tag,
 then read back what the engine holds through DeepSpeed's own accessors (safe_get_full_fp32_param /
 safe_get_full_optimizer_state, AdamW's step of each group, the momentum parameters gathered under ZeRO-3, the
 buffers) into OUT/engine_state.pt (rank 0), save the engine again (OUT/resaved/<tag>), and take one real
 training step on the demo shards (OUT/step.json: AdamW's step after it, the losses).
-    python -m torch.distributed.run --nproc_per_node N tests/train/reshard_worker.py STAGE CKPT_DIR TAG \
+    python tests/fork_ranks.py N tests/train/reshard_worker.py STAGE CKPT_DIR TAG \
         SAVED_WORLD SHARDS OUT
 """
 import json

@@ -5,11 +5,10 @@ the online fp32 masters step by step, the masters themselves for the export, for
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, forked_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -20,9 +19,8 @@ def worker_results(request, module_mktemp, demo_shards):
     out = module_mktemp(f"bf16_z{stage}")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)  # this checkout, not an installed copy
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO_ROOT, ".cache", "torch_extensions"))
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                           os.path.join(REPO_ROOT, "tests", "train", "bf16_engine_worker.py"), str(stage), str(out),
-                           demo_shards["pretrain_train"]],
+    proc = subprocess.run(forked_ranks(2, os.path.join(REPO_ROOT, "tests", "train", "bf16_engine_worker.py"),
+                                       str(stage), str(out), demo_shards["pretrain_train"]),
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = []

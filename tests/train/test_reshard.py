@@ -9,7 +9,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ import torch
 from mplug_pretrain.models.weights.reader import UnsafeFileError, read_torch_file, weights_only_loads
 from mplug_pretrain.train.checkpoint import CheckpointError, deepspeed_safe_globals, tag_for
 from mplug_pretrain.train.reshard import MODEL_STATES, load_resharded, optim_states_file, read_consolidated
-from tests.helpers import REPO_ROOT, run_mplug, tiny_pretrain_args
+from tests.helpers import REPO_ROOT, forked_ranks, run_mplug, tiny_pretrain_args
 
 pytestmark = pytest.mark.slow
 WORKER = os.path.join(REPO_ROOT, "tests", "train", "reshard_worker.py")
@@ -92,8 +91,7 @@ def test_zero0_one_rank_read_consolidated(written):
 
 def launch_worker(nproc: int, stage: int, ckpt_dir: str, saved_world: int, shards: str, out) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)  # this checkout, not an installed copy
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
-               WORKER, str(stage), ckpt_dir, TAG, str(saved_world), shards, str(out)]
+    command = forked_ranks(nproc, WORKER, str(stage), ckpt_dir, TAG, str(saved_world), shards, str(out))
     proc = subprocess.run(command, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

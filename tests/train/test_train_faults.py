@@ -120,11 +120,14 @@ def test_sigterm_to_the_process_group_checkpoints_and_resumes(tmp_path):
     assert (run_dir / "model" / "model.safetensors").is_file()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
-def test_a_stop_signal_to_the_nproc_launcher_saves_and_exits_0_without_a_traceback(tmp_path, sig):
-    """Issue 37, item 5: torchrun once exited 1 with a SignalException traceback (SIGTERM) or died of SIGUSR1."""
+@pytest.mark.parametrize("sig, rank_start", [(signal.SIGTERM, "fork"), (signal.SIGUSR1, "exec")],
+                         ids=["SIGTERM-forked", "SIGUSR1-torchrun"])
+def test_a_stop_signal_to_the_nproc_launcher_saves_and_exits_0_without_a_traceback(tmp_path, sig, rank_start):
+    """Issue 37, item 5: torchrun once exited 1 with a SignalException traceback (SIGTERM) or died of SIGUSR1.
+    Both launchers: forked ranks (cli/fork_launch.py) and torchrun's fresh interpreters (cli/torchrun_launch.py)."""
     shards = write_shards(str(tmp_path / "shards"), shards=2)
-    args = train_args(tmp_path, shards, "stop", steps=400, extra=["run.log_every=1"])
+    args = train_args(tmp_path, shards, "stop", steps=400,
+                      extra=["run.log_every=1", f"distributed.rank_start={rank_start}"])
     run_dir = tmp_path / "stop"
     victim = subprocess.Popen([sys.executable, "-m", "mplug_pretrain", "pretrain", "--nproc", "2", *args[1:]],
                               cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

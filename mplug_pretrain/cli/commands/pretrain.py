@@ -8,7 +8,7 @@ import sys
 from mplug_pretrain.cli.parsing import add_config_args, load_config_from_args
 from mplug_pretrain.errors import ConfigError
 
-LAUNCHER_PID = "MPLUG_LAUNCHER_PID"  # set for the ranks of `--nproc N`: the torchrun process they must die with
+LAUNCHER_PID = "MPLUG_LAUNCHER_PID"  # set for the ranks of `--nproc N`: the launcher process they must die with
 
 
 def register(sub) -> None:
@@ -24,10 +24,10 @@ def run(args) -> int:
     if args.nproc and args.nproc > 1:
         refuse_inherited_world(args.nproc)
         if "RANK" not in os.environ:
-            _exec_torchrun(args.nproc)  # does not return
+            return _start_ranks(args, cfg.distributed.rank_start)
     if os.environ.get(LAUNCHER_PID):
         from mplug_pretrain.utils.parent_death import die_with_parent
-        # torchrun starts each rank in a session of its own: killed with -9, it would leave them training
+        # the launcher starts each rank in a session of its own: killed with -9, it would leave them training
         # (orphans beside a later --resume). SIGTERM: the rank saves at its next step and exits (train/signals.py).
         die_with_parent(signal.SIGTERM, expected_parent=int(os.environ[LAUNCHER_PID]))
     from mplug_pretrain.tasks.pretrain.train import run_pretrain
@@ -37,6 +37,22 @@ def run(args) -> int:
     finally:
         shutdown_distributed()
     return 0
+
+
+def _start_ranks(args, rank_start: str) -> int:
+    """``--nproc N`` on one machine: N ranks forked from this process (cli/fork_launch.py), or, with a GPU or
+    ``distributed.rank_start=exec``, this process becomes torchrun (does not return)."""
+    from mplug_pretrain.cli import fork_launch
+    from mplug_pretrain.train.distributed import free_port
+    reason = "distributed.rank_start=exec" if rank_start == "exec" else fork_launch.prepare_fork()
+    if reason is None:
+        from mplug_pretrain.cli.app import run_command
+        return fork_launch.fork_ranks(args.nproc, lambda: run_command(args), free_port())
+    if rank_start == "fork":
+        raise ConfigError(f"distributed.rank_start=fork: the ranks cannot be forked here ({reason}); use auto or "
+                          "exec")
+    _exec_torchrun(args.nproc)
+    return 1  # not reached: _exec_torchrun replaces this process
 
 
 def refuse_inherited_world(nproc: int) -> None:
@@ -68,7 +84,7 @@ def _without_nproc(argv: list[str]) -> list[str]:
 
 
 def _exec_torchrun(nproc: int) -> None:
-    """``--nproc N`` on one machine: this process becomes torchrun (``os.execv``, same pid; cli/torchrun_launch.py)
+    """``--nproc N`` with fresh interpreters: this process becomes torchrun (``os.execv``, same pid; cli/torchrun_launch.py)
     running this very command with N ranks. A SIGTERM / SIGUSR1 to the ``mplug`` pid is passed to the ranks, which
     save and exit 0; if it is killed outright, each rank gets SIGTERM from the kernel (``LAUNCHER_PID``)."""
     from mplug_pretrain.train.distributed import free_port
