@@ -46,7 +46,7 @@ def _start_ranks(args, rank_start: str) -> int:
     from mplug_pretrain.train.distributed import free_port
     reason = "distributed.rank_start=exec" if rank_start == "exec" else fork_launch.prepare_fork()
     if reason is None:
-        from mplug_pretrain.cli.app import run_command
+        from mplug_pretrain.cli.exit_codes import run_command
         return fork_launch.fork_ranks(args.nproc, lambda: run_command(args), free_port())
     if rank_start == "fork":
         raise ConfigError(f"distributed.rank_start=fork: the ranks cannot be forked here ({reason}); use auto or "
