@@ -1,5 +1,5 @@
 """Helpers shared by the integration tests: run the real CLI, in this process (``call_mplug``) or, where the
-command starts processes of its own or initialises torch.distributed, in a subprocess (``run_mplug``)."""
+command starts processes of its own or initialises torch.distributed, in a process of its own (``run_mplug``)."""
 import contextlib
 import io
 import json
@@ -10,11 +10,22 @@ import sys
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_mplug(args, env=None, timeout=900):
+_WARM = None
+
+
+def run_mplug(args, env=None, timeout=900) -> subprocess.CompletedProcess:
+    """``python -m mplug_pretrain ARGS`` in a process of its own, forked from a warm server that imported torch,
+    DeepSpeed and the model once (tests/warm_mplug.py); ``MPLUG_TEST_COLD=1``: a fresh interpreter each time."""
+    global _WARM
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "mplug_pretrain", *args], check=False, cwd=REPO_ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    if os.environ.get("MPLUG_TEST_COLD") == "1" or not sys.platform.startswith("linux"):
+        return subprocess.run([sys.executable, "-m", "mplug_pretrain", *args], check=False, cwd=REPO_ROOT,
+                              env=full_env, capture_output=True, text=True, timeout=timeout)
+    if _WARM is None:
+        from tests.warm_mplug import WarmMplug
+        _WARM = WarmMplug()
+    return _WARM.run(list(args), full_env, timeout)
 
 
 def call_mplug(args) -> subprocess.CompletedProcess:
