@@ -7,6 +7,7 @@ import glob
 import json
 import os
 import struct
+import time
 
 import pytest
 
@@ -42,6 +43,12 @@ def wandb_records(path: str) -> list:
             records.append(record)
             pending = b""
     return records
+
+
+def _next_second() -> None:
+    start = int(time.time())
+    while int(time.time()) == start:
+        time.sleep(0.02)
 
 
 def history(records) -> dict[int, dict]:
@@ -99,6 +106,8 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     settings = WandbSettings("tests", "resume", config={"a": 1})
     for steps in ([1, 2], [3]):
+        if steps[0] > 1:  # wandb names the offline folder by the second a run starts (offline-run-<time>-<id>):
+            _next_second()  # a resume in the same second would write the first run's folder and file again
         log = RunLog(str(tmp_path), 3, enabled=True, tensorboard=False, wandb=settings,
                      initial_step=steps[0] - 1)
         for step in steps:
