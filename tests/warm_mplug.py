@@ -26,14 +26,13 @@ BASE_ENV = dict(os.environ)  # the server's own environment: the session's, befo
 
 
 def _child(request: dict) -> None:
-    from mplug_pretrain.utils.fast_exit import exit_now
-    code = 1
-    try:
+    from mplug_pretrain.cli.fork_launch import run_then_exit
+
+    def command() -> int:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(target, fd)
@@ -44,15 +43,8 @@ def _child(request: dict) -> None:
         import mplug_pretrain
         from mplug_pretrain.cli.app import main
         sys.argv = [os.path.join(os.path.dirname(mplug_pretrain.__file__), "__main__.py"), *request["args"]]
-        code = main(request["args"])
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
-    except BaseException:  # noqa: BLE001 -- printed as python -m mplug_pretrain would, exit 1
-        import traceback
-        traceback.print_exc()
-        code = 1
-    finally:
-        exit_now(code)
+        return main(request["args"])
+    run_then_exit(command)
 
 
 def serve() -> None:

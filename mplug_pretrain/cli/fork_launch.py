@@ -80,64 +80,77 @@ def fork_ranks(nproc: int, rank_main: Callable[[], int], master_port: int) -> in
 
 
 def _become_rank(rank: int, common: dict, mask, rank_main: Callable[[], int]) -> None:
-    from mplug_pretrain.utils.fast_exit import exit_now
-    code = 1
-    try:
+    def start() -> int:
         os.setsid()  # as torchrun does: a signal to the launcher's process group reaches the launcher only
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
         os.environ.update(common, RANK=str(rank), LOCAL_RANK=str(rank))
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        code = rank_main()
+        return rank_main()
+    run_then_exit(start)
+
+
+def run_then_exit(main: Callable[[], int]) -> None:
+    """End a forked process as a fresh ``python -m mplug_pretrain`` would: ``main``'s code, a ``SystemExit``'s
+    code, or a printed traceback and 1 (``utils.fast_exit.exit_now``: no return to the parent's code)."""
+    from mplug_pretrain.utils.fast_exit import exit_now
+    code = 1
+    try:
+        code = main()
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else 1
-    except BaseException:  # noqa: BLE001 -- printed as a fresh interpreter would, then the rank's exit code
+    except BaseException:  # noqa: BLE001 -- printed as a fresh interpreter would, then exit 1
         traceback.print_exc()
         code = 1
     finally:
         exit_now(code)
 
 
+def launcher_exit_code(codes: list[int]) -> int:
+    """The launcher's exit code from the failed ranks' codes, earliest first: the first rank's own error code
+    (2 config, 3 data, ... as a single process gives it), else 128 + N for the first one killed by signal N (the
+    others were stopped by the launcher once one failed)."""
+    code = next((c for c in codes if c > 0), codes[0])
+    return 128 - code if code < 0 else code
+
+
 def _forward(signum: int, ranks: dict[int, int], interrupted: list[int]) -> None:
     """SIGTERM / SIGUSR1 as they are; Ctrl-C (SIGINT) as SIGTERM, a second one as SIGKILL."""
-    sent = signum
+    sent, as_sent = signum, ""
     if signum == signal.SIGINT:
         interrupted.append(signum)
         sent = signal.SIGTERM if len(interrupted) == 1 else signal.SIGKILL
+        as_sent = f" as {signal.Signals(sent).name}"
     _signal_all(ranks, sent)
-    then = "each saves a checkpoint at its next step and exits" if sent != signal.SIGKILL else "killed"
-    print(f"[launcher] {signal.Signals(signum).name} passed to the {len(ranks)} rank(s) as "
-          f"{signal.Signals(sent).name}: {then}" if sent != signum else
-          f"[launcher] {signal.Signals(signum).name} passed to the {len(ranks)} rank(s): {then}",
+    then = "killed" if sent == signal.SIGKILL else "each saves a checkpoint at its next step and exits"
+    print(f"[launcher] {signal.Signals(signum).name} passed to the {len(ranks)} rank(s){as_sent}: {then}",
           file=sys.stderr, flush=True)
 
 
 def _wait(ranks: dict[int, int]) -> int:
-    """Reap the ranks; after the first failure stop the others. -> 0, or the first failing rank's code."""
+    """Reap the ranks; after the first failure stop the others (SIGTERM, then SIGKILL after
+    ``STOP_GRACE_SECONDS``). -> 0, or ``launcher_exit_code`` of the failed ranks."""
     failed: list[tuple[int, int]] = []  # (rank, exit code) in the order they ended
     kill_at = None
     while ranks:
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            if kill_at is not None and time.monotonic() > kill_at:
+        pid, status = os.waitpid(-1, 0 if kill_at is None else os.WNOHANG)
+        if pid == 0:  # waiting out the grace period
+            if time.monotonic() > kill_at:
                 _signal_all(ranks, signal.SIGKILL)
                 kill_at = None
             time.sleep(0.05)
             continue
         rank = ranks.pop(pid, None)
-        if rank is None:
-            continue
         code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            failed.append((rank, code))
-            if kill_at is None and len(failed) == 1:
-                _signal_all(ranks, signal.SIGTERM)
-                kill_at = time.monotonic() + STOP_GRACE_SECONDS
+        if rank is None or code == 0:
+            continue
+        failed.append((rank, code))
+        if len(failed) == 1:
+            _signal_all(ranks, signal.SIGTERM)
+            kill_at = time.monotonic() + STOP_GRACE_SECONDS
     if not failed:
         return 0
-    own = [(rank, code) for rank, code in failed if code > 0] or failed
-    rank, code = own[0]
-    code = 128 - code if code < 0 else code
+    code = launcher_exit_code([c for _, c in failed])
     print(f"[launcher] rank(s) {', '.join(str(r) for r, _ in sorted(failed))} failed (exit {code}); the error is "
           "printed above", file=sys.stderr, flush=True)
     return code

@@ -59,10 +59,9 @@ def exit_code(failures: dict) -> int:
     """The exit code of the launcher when ranks failed (``{global rank: ProcessFailure}``): the code of the first
     rank that exited with an error (2 config, 3 data, ... as a single process gives it), else 128 + N for the
     first one killed by signal N (torchrun stops the other ranks with SIGTERM once one failed)."""
-    exited = {rank: f for rank, f in failures.items() if f.exitcode > 0} or failures
-    rank = min(exited, key=lambda r: (exited[r].timestamp, r))
-    code = int(exited[rank].exitcode)
-    return 128 - code if code < 0 else code
+    from mplug_pretrain.cli.fork_launch import launcher_exit_code
+    ordered = sorted(failures, key=lambda r: (failures[r].timestamp, r))
+    return launcher_exit_code([int(failures[r].exitcode) for r in ordered])
 
 
 def main(argv: list[str]) -> int:
