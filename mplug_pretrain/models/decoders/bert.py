@@ -1,7 +1,7 @@
 """mPLUG's text decoder: a BERT LM with causal self-attention and cross-attention to the fused memory.
 
 Implements ``decoder_api``: forward(input_ids [B, T_new], attention_mask [B, T_past + T_new], memory [B, M, D],
-memory_mask [B, M], past=None, use_cache=False) -> DecoderOutput(logits [B, T_new, V], past).
+memory_mask [B, M], past=None, use_cache=False, vocab=None) -> DecoderOutput(logits [B, T_new, V], past).
 Per layer (post-LN, as BERT):  x = LN(x + CausalSelfAttn(x));  x = LN(x + CrossAttn(x, memory));
 x = LN(x + FFN(x)).  Token i may attend to keys j <= T_past + i that are not padding.
 ``right_padded=True`` (the caller knows every row's padding is at its end, e.g. PrefixLM targets): without a
@@ -70,7 +70,7 @@ class BertDecoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, memory: torch.Tensor,
                 memory_mask: torch.Tensor | None, past: BertDecoderCache | None = None,
-                use_cache: bool = False, right_padded: bool = False) -> DecoderOutput:
+                use_cache: bool = False, right_padded: bool = False, vocab: slice | None = None) -> DecoderOutput:
         past_len = past.length if past is not None else 0
         b, t = input_ids.shape
         if attention_mask.shape != (b, past_len + t):
@@ -87,14 +87,14 @@ class BertDecoder(nn.Module):
             for layer in self.layers:
                 x = run_layer(layer, x, self_bias, memory, memory_bias, is_causal=right_padded,
                               enabled=self.grad_checkpointing)
-            return DecoderOutput(self.head(x, self.embeddings.word_embeddings.weight), None)
+            return DecoderOutput(self.head(x, self.embeddings.word_embeddings.weight, vocab=vocab), None)
         self_bias = causal_bias(attention_mask, t)
         caches = []
         for i, layer in enumerate(self.layers):
             x, cache = self._cached_layer(layer, x, self_bias, memory, memory_bias,
                                           past.layers[i] if past is not None else None)
             caches.append(cache)
-        logits = self.head(x, self.embeddings.word_embeddings.weight)
+        logits = self.head(x, self.embeddings.word_embeddings.weight, vocab=vocab)
         return DecoderOutput(logits, BertDecoderCache(caches) if use_cache else None)
 
     @staticmethod

@@ -90,7 +90,10 @@ class PackedLMHead(nn.Module):
         self.head = head  # the shallow copy: its transform is already a PackedLinear
         self.product = PackedProduct()
 
-    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor | None = None,
+                vocab: slice | None = None) -> torch.Tensor:
+        if vocab is not None:  # a slice of the vocabulary: the plain product of those rows
+            return self.head(hidden, word_embeddings, vocab=vocab)
         return self.product(self.head.features(hidden), self.head.vocab_weight(word_embeddings), self.head.bias)
 
 

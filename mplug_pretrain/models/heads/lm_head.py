@@ -2,7 +2,8 @@
 
 logits = LN(GELU(W h + b)) E^T + bias      h [..., D] -> [..., V]
 E is the word-embedding matrix [V, D] passed in at call time (weight tying without a shared tensor in the
-state dict); an untied head owns its own ``weight``.
+state dict); an untied head owns its own ``weight``. ``vocab`` (a slice of the vocabulary) gives the logits of
+those tokens only: the product with the other rows of E is never computed.
 """
 from __future__ import annotations
 
@@ -30,5 +31,14 @@ class LMPredictionHead(nn.Module):
             raise ValueError("a tied LMPredictionHead needs the word-embedding matrix")
         return weight
 
-    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor | None = None) -> torch.Tensor:
-        return F.linear(self.features(hidden), self.vocab_weight(word_embeddings), self.bias)
+    def forward(self, hidden: torch.Tensor, word_embeddings: torch.Tensor | None = None,
+                vocab: slice | None = None) -> torch.Tensor:
+        return vocab_logits(self.features(hidden), self.vocab_weight(word_embeddings), self.bias, vocab)
+
+
+def vocab_logits(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 vocab: slice | None = None) -> torch.Tensor:
+    """features [..., D], weight [V, D], bias [V] -> logits [..., V], or [..., len(vocab)] for those rows only."""
+    if vocab is not None:
+        weight, bias = weight[vocab], None if bias is None else bias[vocab]
+    return F.linear(features, weight, bias)

@@ -9,7 +9,8 @@ does); the decoder then reads a prefix token and generates the box as 4 coordina
 
 ``bins`` is the model's input resolution (``vision.image_size``: one bin per pixel, R+1 = 337 tokens at 336 px as
 in the official code), so a saved model folder needs no extra setting. The output softmax is restricted to the
-coordinate tokens (the official code adds -10000 to every other logit; slicing the logits is the same). The loss
+coordinate tokens (the official code adds -10000 to every other logit; slicing the logits is the same, and the
+decoder computes just that slice: ``vocab=tokens.ids``, a [B, 4, R+1] product instead of [B, 4, 30522]). The loss
 and its L1 / GIoU re-weighting live in tasks/grounding/finetune.py; IoU in metrics/boxes.py.
 """
 from __future__ import annotations
@@ -69,7 +70,7 @@ def coordinate_logits(model: nn.Module, memory: torch.Tensor, memory_mask: torch
     """Decoder inputs [B, L] (prefix then coordinate tokens) -> logits over the bins+1 coordinate tokens
     [B, L, bins+1] for the token after each input position."""
     mask = torch.ones_like(inputs)
-    return model.decoder(inputs, mask, memory, memory_mask).logits[..., tokens.ids].float()
+    return model.decoder(inputs, mask, memory, memory_mask, vocab=tokens.ids).logits.float()
 
 
 def teacher_forced_logits(model: nn.Module, images: torch.Tensor, input_ids: torch.Tensor,

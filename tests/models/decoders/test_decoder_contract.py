@@ -5,6 +5,8 @@ beam / sampled generation through the shared search, the save / load round trip 
 What is specific to one head (transformers parity, parameter counts, clustering) stays in its own file."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -107,6 +109,36 @@ def test_incremental_decoding_with_the_cache_equals_full_recomputation(kind, bat
             parts.append(out.logits)
             past = out.past
     torch.testing.assert_close(real(torch.cat(parts, 1), mask), real(full, mask), rtol=0, atol=1e-5)
+
+
+@zoo
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_vocabulary_slice_gives_those_logits_and_their_gradients(kind, packed, batch):
+    """vocab=slice(a, b): the full logits' columns a..b-1, with and without the cache, inside packed decoding too;
+    the loss on them sends the same gradients to every parameter (the tied embedding included)."""
+    from mplug_pretrain.models.generation.packed_decoding import packed_for_decoding
+    ids, mask, memory, memory_mask = batch
+    decoder, vocab = make_decoder(kind), slice(40, 73)
+    with torch.no_grad(), packed_for_decoding(decoder) if packed else contextlib.nullcontext(decoder) as fast:
+        full = fast(ids, mask, memory, memory_mask).logits
+        part = fast(ids, mask, memory, memory_mask, vocab=vocab).logits
+        first = fast(ids[:, :5], mask[:, :5], memory, memory_mask, use_cache=True, vocab=vocab)
+        last = fast(ids[:, 5:], mask, memory, memory_mask, past=first.past, use_cache=True, vocab=vocab).logits
+    assert part.shape == (3, 8, 33)
+    torch.testing.assert_close(real(part, mask), real(full[..., vocab], mask), rtol=0, atol=1e-5)
+    torch.testing.assert_close(real(torch.cat([first.logits, last], 1), mask), real(part, mask), rtol=0, atol=1e-5)
+    if packed:
+        return
+    grads = []
+    for sliced in (False, True):
+        decoder.zero_grad()
+        out = decoder(ids, mask, memory, memory_mask, vocab=vocab if sliced else None).logits
+        logits = out if sliced else out[..., vocab]
+        torch.nn.functional.cross_entropy(real(logits, mask), real(ids, mask) % 33).backward()
+        grads.append({n: p.grad.clone() for n, p in decoder.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 0
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
 
 
 @zoo

@@ -38,6 +38,7 @@ from mplug_pretrain.models.decoders.expansionnet.decoder import (
     feed_forward,
     init_and_tie,
     memory_keys_values,
+    project_to_vocab,
     select_batch_rows,
 )
 from mplug_pretrain.models.model_config import DecoderConfig
@@ -122,7 +123,8 @@ class ACFDecoder(nn.Module):
         init_and_tie(self, cfg.tie_word_embeddings)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, memory: Tensor, memory_mask: Tensor,
-                past: ACFDecoderCache | None = None, use_cache: bool = False) -> DecoderOutput:
+                past: ACFDecoderCache | None = None, use_cache: bool = False,
+                vocab: slice | None = None) -> DecoderOutput:
         past_len = 0 if past is None else past.length
         check_decoder_inputs(input_ids, attention_mask, None if past is not None else memory, memory_mask,
                              past_len, self.width)
@@ -135,7 +137,7 @@ class ACFDecoder(nn.Module):
                                        None if past is None else past.layers[i])
             states.append(state)
         new_past = ACFDecoderCache(tuple(states), memory_kv, mem_mask) if use_cache else None
-        return DecoderOutput(logits=self.lm_head(y), past=new_past)
+        return DecoderOutput(logits=project_to_vocab(self.lm_head, y, vocab), past=new_past)
 
     @staticmethod
     def reorder_cache(past: ACFDecoderCache, index: Tensor) -> ACFDecoderCache:

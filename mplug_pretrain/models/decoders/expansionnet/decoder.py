@@ -25,6 +25,7 @@ from mplug_pretrain.models.decoders.expansionnet.layers import (
     DynamicExpansionState,
     LayerCombination,
 )
+from mplug_pretrain.models.heads.lm_head import vocab_logits
 from mplug_pretrain.models.model_config import DecoderConfig
 
 
@@ -72,6 +73,12 @@ def init_and_tie(decoder: nn.Module, tie: bool) -> None:
             nn.init.xavier_uniform_(p)
     if tie:
         decoder.lm_head.weight = decoder.embedding.token.weight
+
+
+def project_to_vocab(lm_head: nn.Module, y: Tensor, vocab: slice | None) -> Tensor:
+    """y [..., D] -> logits [..., V] through ``lm_head`` (a packed copy inside packed_for_decoding), or just the
+    rows of ``vocab`` [..., len(vocab)]."""
+    return lm_head(y) if vocab is None else vocab_logits(y, lm_head.weight, lm_head.bias, vocab)
 
 
 def memory_keys_values(layers: nn.ModuleList, memory: Tensor, memory_mask: Tensor,
@@ -190,7 +197,8 @@ class ExpansionDecoder(nn.Module):
         init_and_tie(self, cfg.tie_word_embeddings)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, memory: Tensor, memory_mask: Tensor,
-                past: ExpansionDecoderCache | None = None, use_cache: bool = False) -> DecoderOutput:
+                past: ExpansionDecoderCache | None = None, use_cache: bool = False,
+                vocab: slice | None = None) -> DecoderOutput:
         past_len = 0 if past is None else past.length
         check_decoder_inputs(input_ids, attention_mask, None if past is not None else memory, memory_mask,
                              past_len, self.width)
@@ -202,7 +210,7 @@ class ExpansionDecoder(nn.Module):
             y, state = layer(y, key_valid, memory_kv[i], mem_mask, None if past is None else past.expansion[i])
             outputs.append(y)
             states.append(state)
-        logits = self.lm_head(self.combination(outputs))
+        logits = project_to_vocab(self.lm_head, self.combination(outputs), vocab)
         new_past = ExpansionDecoderCache(tuple(states), memory_kv, mem_mask) if use_cache else None
         return DecoderOutput(logits=logits, past=new_past)
 
