@@ -12,6 +12,7 @@ installation works end to end (the test suite's demo run), not the demo's figure
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import multiprocessing
 import os
 import shutil
@@ -50,7 +51,7 @@ LANES = [
 
 
 def _run_lane(lane_index: int, pretrained: str, shards: dict, out_root: str, quick: bool) -> list[tuple[str, dict, float]]:
-    """One lane in a fresh process -> [(stage name, its metrics, its seconds)]; log in ``out_root``/lane<i>.log."""
+    """One lane in a process of its own -> [(stage name, its metrics, its seconds)]; log in ``out_root``/lane<i>.log."""
     import sys
 
     import torch
@@ -113,14 +114,11 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
     for index, lane in enumerate(LANES):
         print(f"[demo] lane {index}: " + ", then ".join(title for title, _ in lane) +
               f" (log: {os.path.join(out_root, f'lane{index}.log')})", flush=True)
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked DeepSpeed / OpenMP state
-    with concurrent.futures.ProcessPoolExecutor(len(LANES), mp_context=context) as pool:
-        lanes = [pool.submit(_run_lane, i, pretrained, shards, out_root, quick) for i in range(len(LANES))]
-        for index, future in enumerate(lanes):
-            for (title, _), (name, result, seconds) in zip(LANES[index], future.result()):
-                metrics.update(result)
-                timings[name] = seconds
-                print(f"[demo] {title}: {_format(result)}", flush=True)
+    for index, done in enumerate(_run_lanes(pretrained, shards, out_root, quick)):
+        for (title, _), (name, result, seconds) in zip(LANES[index], done):
+            metrics.update(result)
+            timings[name] = seconds
+            print(f"[demo] {title}: {_format(result)}", flush=True)
     records = read_log(cfg.run_dir)
     metrics["pretrain_steps"] = len(records)
     metrics["pretrain_loss_first10"] = _mean([r["loss"] for r in records[:10]])
@@ -140,17 +138,68 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
 
 
 def _pretrain_on_ranks(overrides: list[str]) -> None:
-    """``mplug pretrain --config demo.yaml --nproc PRETRAIN_RANKS OVERRIDES`` in a child process (its output goes
-    to ours); raises if it fails."""
+    """``mplug pretrain --config demo.yaml --nproc PRETRAIN_RANKS OVERRIDES``: ranks forked from this process where
+    they can be (cli/fork_launch.py: no fresh interpreter to import torch and DeepSpeed again), else in a child
+    process (its output goes to ours); raises if it fails."""
     import subprocess
     import sys
-    env = {k: v for k, v in os.environ.items() if k not in PROCESS_GROUP_VARIABLES}
-    env["OMP_NUM_THREADS"] = "1"
-    sys.stdout.flush()
-    command = [sys.executable, "-m", "mplug_pretrain", "pretrain", "--config", DEMO_CONFIG,
-               "--nproc", str(PRETRAIN_RANKS), *overrides]
-    if subprocess.run(command, env=env, check=False).returncode != 0:
-        raise RuntimeError(f"demo pretraining failed: {' '.join(command)}")
+    argv = ["pretrain", "--config", DEMO_CONFIG, "--nproc", str(PRETRAIN_RANKS), *overrides]
+    if _can_fork():
+        from mplug_pretrain.cli.app import main
+        code = main([*argv, "distributed.rank_start=fork"])
+    else:
+        env = {k: v for k, v in os.environ.items() if k not in PROCESS_GROUP_VARIABLES}
+        env["OMP_NUM_THREADS"] = "1"
+        sys.stdout.flush()
+        code = subprocess.run([sys.executable, "-m", "mplug_pretrain", *argv], env=env, check=False).returncode
+    if code != 0:
+        raise RuntimeError(f"demo pretraining failed (exit code {code}): mplug {' '.join(argv)}")
+
+
+def _can_fork() -> bool:
+    """Whether child processes can be forked from this one (Linux, no CUDA device, one thread: cli/fork_launch.py);
+    the parent's process-group variables are dropped first (each child starts a group of its own)."""
+    from mplug_pretrain.cli.fork_launch import prepare_fork
+    for key in PROCESS_GROUP_VARIABLES:
+        os.environ.pop(key, None)
+    return prepare_fork() is None
+
+
+def _run_lanes(pretrained: str, shards: dict, out_root: str, quick: bool) -> list[list[tuple[str, dict, float]]]:
+    """Every lane side by side, each in a process of its own -> per lane [(stage name, its metrics, its seconds)].
+    Forked from this process where they can be (it imported every stage already), else fresh interpreters."""
+    args = (pretrained, shards, out_root, quick)
+    if not _can_fork():
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked DeepSpeed / OpenMP state
+        with concurrent.futures.ProcessPoolExecutor(len(LANES), mp_context=context) as pool:
+            return [future.result() for future in [pool.submit(_run_lane, i, *args) for i in range(len(LANES))]]
+    from mplug_pretrain.cli.fork_launch import run_then_exit
+    results = [os.path.join(out_root, f"lane{i}.json") for i in range(len(LANES))]
+    pids = {}
+    for index, path in enumerate(results):
+        pid = os.fork()
+        if pid == 0:
+            run_then_exit(lambda index=index, path=path: _lane_to_file(index, path, *args))
+        pids[pid] = index
+    failed = []
+    while pids:
+        pid, status = os.wait()
+        if os.waitstatus_to_exitcode(status) != 0:
+            failed.append(pids[pid])
+        del pids[pid]
+    if failed:
+        logs = ", ".join(os.path.join(out_root, f"lane{i}.log") for i in sorted(failed))
+        raise RuntimeError(f"demo: lane(s) {sorted(failed)} failed: see {logs}")
+    lanes = []
+    for path in results:
+        with open(path) as f:
+            lanes.append([tuple(done) for done in json.load(f)])
+    return lanes
+
+
+def _lane_to_file(index: int, path: str, *args) -> int:
+    write_json_atomic(path, _run_lane(index, *args))
+    return 0
 
 
 def _mean(values: list[float]) -> float:
