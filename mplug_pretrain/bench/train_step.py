@@ -1,6 +1,7 @@
 """`mplug bench train-step`: one pretraining step (all four losses, forward + backward + AdamW step) through
 the real DeepSpeed engine (train/engine.py, the shipped deepspeed_configs/zero{0,1,2,3}.json), fp32 on CPU with
-gloo, for 1 and 2 ranks (torchrun subprocesses), ZeRO 0/1/2/3, gradient checkpointing off and on. Every row runs
+gloo, for 1 and 2 ranks (one subprocess that forks its ranks as ``mplug pretrain --nproc N`` does, or
+torchrun's where they cannot be forked: cli/fork_launch.py), ZeRO 0/1/2/3, gradient checkpointing off and on. Every row runs
 its stage as written, on one rank too (distributed.single_rank_zero0=false: training runs ZeRO 1-2 on one rank as
 ZeRO-0, which this bench would otherwise measure twice); ``--profile`` runs bench/train_step_profile.py instead.
 
@@ -181,9 +182,8 @@ def _launch(world: int, cases: list[tuple], timeout: float) -> list[dict]:
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO_ROOT, ".cache", "torch_extensions"))
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-               "--standalone",
-               "-m", "mplug_pretrain.bench.train_step", "--worker", json.dumps(cases), "--rows", out]
+        cmd = [sys.executable, "-m", "mplug_pretrain.bench.train_step", "--ranks", str(world),
+               "--worker", json.dumps(cases), "--rows", out]
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout,
                               check=False)
         if proc.returncode != 0 or not os.path.exists(out):
@@ -226,13 +226,26 @@ def run(out: str, quick: bool = False, base: bool = True, profile: bool = False)
                             "fp32 parameters, so fp32 ZeRO-1/2 hold more state than ZeRO-0 at 1 rank")
 
 
-def main() -> None:
+def main(argv: list[str]) -> int:
+    """``--ranks N``: start N ranks running ``--worker`` (forked from this process, or under torchrun where they
+    cannot be: a GPU, another OS); without it this process is one of them."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True, help="JSON list of [setting, zero_stage, checkpointing]")
     parser.add_argument("--rows", required=True)
-    args = parser.parse_args()
-    worker(json.loads(args.worker), args.rows)
+    parser.add_argument("--ranks", type=int, default=None, help="start this many ranks")
+    args = parser.parse_args(argv)
+    if args.ranks is None:
+        worker(json.loads(args.worker), args.rows)
+        return 0
+    from mplug_pretrain.cli.fork_launch import fork_ranks, prepare_fork
+    from mplug_pretrain.train.distributed import free_port
+    if prepare_fork() is None:
+        return fork_ranks(args.ranks, lambda: main(["--worker", args.worker, "--rows", args.rows]), free_port())
+    from mplug_pretrain.cli.torchrun_launch import main as torchrun
+    return torchrun(["--nproc_per_node", str(args.ranks), "--standalone", "-m", "mplug_pretrain.bench.train_step",
+                     "--worker", args.worker, "--rows", args.rows])
 
 
 if __name__ == "__main__":
-    main()
+    from mplug_pretrain.utils.fast_exit import exit_now
+    exit_now(main(sys.argv[1:]))
