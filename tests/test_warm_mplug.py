@@ -30,7 +30,7 @@ def test_the_call_environment_and_working_directory_reach_the_command():
 
 def test_a_command_past_its_timeout_is_killed_and_raises(tmp_path):
     args = helpers.tiny_pretrain_args(tmp_path, {"pretrain_train": os.path.join(
-        helpers.REPO_ROOT, "data_shards", "pretrain", "train-{000000..000003}.tar")}, "slow", steps=10_000)
+        helpers.REPO_ROOT, "data_shards", "pretrain", "train-{000000..000003}.tar")}, "slow", steps=10_000, vocab="bert")
     with pytest.raises(subprocess.TimeoutExpired):
         helpers.run_mplug(["pretrain", *args], timeout=3)
     again = helpers.run_mplug(["pretrain", "--config", "/nonexistent.yaml"])  # the server still serves

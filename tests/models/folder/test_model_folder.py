@@ -97,7 +97,7 @@ def test_folder_without_the_files_warns_and_falls_back(tmp_path):
 def test_training_model_folder_and_export_are_self_contained(tmp_path, demo_shards):
     """A real 2-step pretraining (DeepSpeed, one process): its model/ and `mplug export` of its checkpoint."""
     args = tiny_pretrain_args(tmp_path, demo_shards, "run", steps=2,
-                              extra=["data.max_text_len=11", "vqa.generation.max_length=4"])
+                              extra=["data.max_text_len=11", "vqa.generation.max_length=4"], vocab="bert")
     proc = run_mplug(["pretrain", *args])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert check_self_contained(str(tmp_path / "run" / "model"), tmp_path / "a", max_len=11)["answer_max_length"] == 4

@@ -35,7 +35,7 @@ def test_a_refused_pickle_is_one_mplug_line(tower, tmp_path, demo_shards):
         plant(path, marker)
         extra = [f"model.vision.checkpoint_path={path}", *{"timm": TIMM, "open_clip": OPEN_CLIP}.get(tower, [])]
         field = "model.vision.checkpoint_path"
-    proc = call_mplug(["pretrain", *tiny_pretrain_args(tmp_path, demo_shards, "run", 1, extra)])
+    proc = call_mplug(["pretrain", *tiny_pretrain_args(tmp_path, demo_shards, "run", 1, extra, vocab="bert")])
     assert proc.returncode == 3, proc.stderr[-3000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("mplug:")]
     assert lines == [proc.stderr.strip().splitlines()[-1]] and len(lines) == 1, proc.stderr[-3000:]

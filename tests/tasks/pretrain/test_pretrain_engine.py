@@ -64,7 +64,16 @@ def test_zero3_matches_zero2_including_momentum_encoders(two_rank_run):
     momentum_keys = [k for k in runs[2] if "momentum" in k or k.endswith("_m") or "_m." in k]
     assert momentum_keys, "no momentum parameters found in the saved model"
     for key, value in runs[2].items():
-        torch.testing.assert_close(runs[3][key], value, rtol=1e-4, atol=1e-5, msg=key)
+        other = runs[3][key]
+        if key.endswith("attn.in_proj_bias"):  # the ViT's fused q, k, v biases
+            # the key bias adds q.b_k to every key's score alike, which softmax cancels: its gradient is zero but
+            # for rounding, which differs between the stages' reduction orders and which Adam scales up to
+            # steps of ~lr (3e-4, pretrain_tiny.yaml). Bounded by a few such steps each, then q and v compared as
+            # the rest (measured: k differed by 1.0e-5 where q and v differed by 2e-8).
+            width = value.numel() // 3
+            assert (other[width:2 * width] - value[width:2 * width]).abs().max() <= 1e-3 * STEPS, key
+            value, other = value[torch.arange(3 * width) // width != 1], other[torch.arange(3 * width) // width != 1]
+        torch.testing.assert_close(other, value, rtol=1e-4, atol=1e-5, msg=key)
 
 
 def test_kill9_then_resume_equals_uninterrupted(tmp_path, demo_shards, two_rank_run):
@@ -130,7 +139,7 @@ b = MPLUG.from_pretrained({str(run_dir / 'model')!r}).eval()
 assert 'deepspeed' not in sys.modules, 'loading must not need DeepSpeed'
 torch.manual_seed(0)
 image = torch.randn(2, 3, a.config.vision.image_size, a.config.vision.image_size)
-ids = torch.tensor([[101, 1037, 2417, 4418, 102], [101, 1037, 2630, 2675, 102]])
+ids = torch.randint(1, a.config.text.vocab_size, (2, 5))
 mask = torch.ones_like(ids)
 with torch.no_grad():
     ia, ib = a.encode_image(image), b.encode_image(image)
