@@ -16,7 +16,7 @@ import sys
 import torch
 
 
-def main(stage: int, out_dir: str, shards: str, steps: int = 4, nan_at: int = 2) -> None:
+def main(stage: int, out_dir: str, shards: str, tokenizer: str, steps: int = 4, nan_at: int = 2) -> None:
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
     from safetensors.torch import load_file
@@ -30,7 +30,10 @@ def main(stage: int, out_dir: str, shards: str, steps: int = 4, nan_at: int = 2)
 
     info = init_distributed("gloo", 5)
     rank, world = info.rank, info.world_size
+    from mplug_pretrain.demo.vocab import vocab_size
+    # the demo shards' own 268-word vocabulary: BERT's 30,522 rows would be most of a tiny bf16 step
     cfg = load_config(None, ["model.preset=tiny", f"data.train_shards={shards}", "data.batch_size=4",
+                             f"data.tokenizer={tokenizer}", f"model.text.vocab_size={vocab_size(tokenizer)}",
                              "data.num_workers=0", "model.heads.queue_size=32", "model.heads.momentum=0.995",
                              "optim.warmup_steps=1", "optim.lr_rest=1e-3", "optim.lr_vision=1e-3",
                              "distributed.precision=bf16", f"distributed.zero_stage={stage}"])
@@ -177,4 +180,4 @@ def main(stage: int, out_dir: str, shards: str, steps: int = 4, nan_at: int = 2)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2], sys.argv[3])
+    main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4])

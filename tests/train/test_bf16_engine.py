@@ -20,7 +20,7 @@ def worker_results(request, module_mktemp, demo_shards):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)  # this checkout, not an installed copy
     env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(REPO_ROOT, ".cache", "torch_extensions"))
     proc = subprocess.run(forked_ranks(2, os.path.join(REPO_ROOT, "tests", "train", "bf16_engine_worker.py"),
-                                       str(stage), str(out), demo_shards["pretrain_train"]),
+                                       str(stage), str(out), demo_shards["pretrain_train"], demo_shards["tokenizer"]),
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = []
