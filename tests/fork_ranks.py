@@ -3,8 +3,11 @@ imports (``mplug_pretrain.cli.fork_launch``, as ``mplug pretrain --nproc N`` doe
 ``torch.distributed.run``'s N fresh interpreters and its own (~10-15 CPU-s each on this machine). Each rank gets
 torchrun's RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT.
 
-    python tests/fork_ranks.py N SCRIPT [ARGS...]
-    python tests/fork_ranks.py N -c CODE [ARGS...]
+    python tests/fork_ranks.py N [--preload MODULE,...] SCRIPT [ARGS...]
+    python tests/fork_ranks.py N [--preload MODULE,...] -c CODE [ARGS...]
+
+``--preload``: import these modules before the fork instead of everything a pretraining rank imports (a worker
+that needs only torch.distributed and a head saves ~8 CPU-s of DeepSpeed, dynamo and the tokenizer).
 """
 import os
 import runpy
@@ -13,9 +16,12 @@ import sys
 
 def main(argv: list[str]) -> int:
     nproc, target = int(argv[0]), argv[1:]
-    from mplug_pretrain.cli.fork_launch import fork_ranks, prepare_fork
+    from mplug_pretrain.cli.fork_launch import PRELOAD, fork_ranks, prepare_fork
     from mplug_pretrain.train.distributed import free_port
-    reason = prepare_fork()
+    preload = PRELOAD
+    if target[0] == "--preload":
+        preload, target = tuple(target[1].split(",")), target[2:]
+    reason = prepare_fork(preload)
     if reason is not None:
         print(f"fork_ranks: cannot fork the ranks here: {reason}", file=sys.stderr)
         return 2

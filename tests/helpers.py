@@ -64,18 +64,20 @@ def tiny_pretrain_args(tmp_path, shards, name, steps, extra=(), vocab: str = "de
             f"run.name={name}", "run.tensorboard=false", "run.plot_losses=false", "model.heads.queue_size=32", *extra]
 
 
-def forked_ranks(nproc: int, *target: str) -> list[str]:
+def forked_ranks(nproc: int, *target: str, preload: tuple[str, ...] = ()) -> list[str]:
     """The command running ``target`` (a script and its arguments, or ``-c CODE ...``) on ``nproc`` ranks forked
-    from one process that imported torch, DeepSpeed and the model first (tests/fork_ranks.py): torchrun's
-    environment, without a fresh interpreter per rank."""
-    return [sys.executable, os.path.join(REPO_ROOT, "tests", "fork_ranks.py"), str(nproc), *target]
+    from one process that imported torch, DeepSpeed and the model first, or just ``preload`` (tests/fork_ranks.py):
+    torchrun's environment, without a fresh interpreter per rank."""
+    first = ["--preload", ",".join(preload)] if preload else []
+    return [sys.executable, os.path.join(REPO_ROOT, "tests", "fork_ranks.py"), str(nproc), *first, *target]
 
 
 def two_rank_worker(code: str, setting: str, out, test_file: str, timeout: int = 600) -> dict:
     """Run ``code`` on 2 forked ranks (gloo) with argv [setting, out, the test's folder] (the worker imports the
     test module from there) and return the JSON that rank 0 wrote to ``out``."""
     env = dict(os.environ, PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS="1")
-    cmd = forked_ranks(2, "-c", code, setting, str(out), os.path.dirname(os.path.abspath(test_file)))
+    cmd = forked_ranks(2, "-c", code, setting, str(out), os.path.dirname(os.path.abspath(test_file)),
+                       preload=("torch.distributed", "mplug_pretrain.models.presets"))  # no DeepSpeed in these
     proc = subprocess.run(cmd, check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out) as f:

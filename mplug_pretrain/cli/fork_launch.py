@@ -36,8 +36,8 @@ PRELOAD = ("torch._dynamo", "deepspeed", "deepspeed.runtime.zero.muon.muon_optim
            "mplug_pretrain.data.reading.pipeline")
 
 
-def prepare_fork() -> str | None:
-    """Import what a rank needs (``PRELOAD``) when the ranks can be forked from this process. -> why they cannot
+def prepare_fork(preload: tuple[str, ...] = PRELOAD) -> str | None:
+    """Import what a rank needs (``preload``) when the ranks can be forked from this process. -> why they cannot
     (not Linux; a CUDA device, asked through NVML, which leaves CUDA usable in forked children; threads already
     running here), or None."""
     if not sys.platform.startswith("linux"):
@@ -47,7 +47,7 @@ def prepare_fork() -> str | None:
     if torch.cuda.is_available():
         return "a CUDA device is visible"
     os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as a rank sets it without a GPU (train/distributed.py)
-    for module in PRELOAD:
+    for module in preload:
         importlib.import_module(module)
     threads = len(os.listdir("/proc/self/task"))
     return f"{threads} threads run in the launcher" if threads > 1 else None
