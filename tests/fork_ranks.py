@@ -1,5 +1,5 @@
 """Test harness: a rank script (or ``-c CODE``) on N ranks forked from one process that first imported what a rank
-imports (``mplug_pretrain.cli.fork_launch``, as ``mplug pretrain --nproc N`` does without a GPU), in place of
+imports (``mplug_pretrain.utils.fork_launch``, as ``mplug pretrain --nproc N`` does without a GPU), in place of
 ``torch.distributed.run``'s N fresh interpreters and its own (~10-15 CPU-s each on this machine). Each rank gets
 torchrun's RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT.
 
@@ -16,8 +16,8 @@ import sys
 
 def main(argv: list[str]) -> int:
     nproc, target = int(argv[0]), argv[1:]
-    from mplug_pretrain.cli.fork_launch import PRELOAD, fork_ranks, prepare_fork
     from mplug_pretrain.train.distributed import free_port
+    from mplug_pretrain.utils.fork_launch import PRELOAD, fork_ranks, prepare_fork
     preload = PRELOAD
     if target[0] == "--preload":
         preload, target = tuple(target[1].split(",")), target[2:]

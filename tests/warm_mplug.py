@@ -1,6 +1,6 @@
 """A warm ``python -m mplug_pretrain`` for the tests (``tests/helpers.run_mplug``): one process per pytest worker
 imports what the commands import (torch, torch._dynamo, DeepSpeed and its Muon optimizer, the tokenizer, the model:
-``mplug_pretrain.cli.fork_launch.PRELOAD``) once, then forks a child per command. The child takes the call's
+``mplug_pretrain.utils.fork_launch.PRELOAD``) once, then forks a child per command. The child takes the call's
 environment, working directory and ``sys.argv``, writes its stdout / stderr to the call's files and runs the real
 CLI (``cli.app.main``), ending as ``python -m mplug_pretrain`` does (``utils.fast_exit.exit_now``). A fresh
 interpreter spends about 10 CPU-s on those imports before the command starts; commands that launch ranks
@@ -26,7 +26,7 @@ BASE_ENV = dict(os.environ)  # the server's own environment: the session's, befo
 
 
 def _child(request: dict) -> None:
-    from mplug_pretrain.cli.fork_launch import run_then_exit
+    from mplug_pretrain.utils.fork_launch import run_then_exit
 
     def command() -> int:
         os.chdir(request["cwd"])
@@ -48,7 +48,7 @@ def _child(request: dict) -> None:
 
 
 def serve() -> None:
-    from mplug_pretrain.cli.fork_launch import prepare_fork
+    from mplug_pretrain.utils.fork_launch import prepare_fork
     reason = prepare_fork()
     if reason is not None:
         raise SystemExit(f"warm_mplug: cannot fork commands here: {reason}")

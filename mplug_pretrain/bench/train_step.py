@@ -1,7 +1,7 @@
 """`mplug bench train-step`: one pretraining step (all four losses, forward + backward + AdamW step) through
 the real DeepSpeed engine (train/engine.py, the shipped deepspeed_configs/zero{0,1,2,3}.json), fp32 on CPU with
 gloo, for 1 and 2 ranks (one subprocess that forks its ranks as ``mplug pretrain --nproc N`` does, or
-torchrun's where they cannot be forked: cli/fork_launch.py), ZeRO 0/1/2/3, gradient checkpointing off and on. Every row runs
+torchrun's where they cannot be forked: utils/fork_launch.py), ZeRO 0/1/2/3, gradient checkpointing off and on. Every row runs
 its stage as written, on one rank too (distributed.single_rank_zero0=false: training runs ZeRO 1-2 on one rank as
 ZeRO-0, which this bench would otherwise measure twice); ``--profile`` runs bench/train_step_profile.py instead.
 
@@ -237,13 +237,14 @@ def main(argv: list[str]) -> int:
     if args.ranks is None:
         worker(json.loads(args.worker), args.rows)
         return 0
-    from mplug_pretrain.cli.fork_launch import fork_ranks, prepare_fork
     from mplug_pretrain.train.distributed import free_port
+    from mplug_pretrain.utils.fork_launch import fork_ranks, prepare_fork
     if prepare_fork() is None:
         return fork_ranks(args.ranks, lambda: main(["--worker", args.worker, "--rows", args.rows]), free_port())
-    from mplug_pretrain.cli.torchrun_launch import main as torchrun
-    return torchrun(["--nproc_per_node", str(args.ranks), "--standalone", "-m", "mplug_pretrain.bench.train_step",
-                     "--worker", args.worker, "--rows", args.rows])
+    from torch.distributed.run import main as torchrun
+    torchrun(["--nproc_per_node", str(args.ranks), "--standalone", "-m", "mplug_pretrain.bench.train_step",
+              "--worker", args.worker, "--rows", args.rows])  # raises if a rank fails
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """``run_command``: a parsed ``mplug`` command run, the errors a user can fix turned into one ``mplug: ...`` line and
 an exit code (2 config or a path, 3 data, 4 a missing dependency, 5 another rank). Used by ``cli.app.main`` and by
-each forked rank of ``mplug pretrain --nproc N`` (cli/fork_launch.py)."""
+each forked rank of ``mplug pretrain --nproc N`` (utils/fork_launch.py)."""
 from __future__ import annotations
 
 import argparse

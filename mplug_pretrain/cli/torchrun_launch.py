@@ -59,7 +59,7 @@ def exit_code(failures: dict) -> int:
     """The exit code of the launcher when ranks failed (``{global rank: ProcessFailure}``): the code of the first
     rank that exited with an error (2 config, 3 data, ... as a single process gives it), else 128 + N for the
     first one killed by signal N (torchrun stops the other ranks with SIGTERM once one failed)."""
-    from mplug_pretrain.cli.fork_launch import launcher_exit_code
+    from mplug_pretrain.utils.fork_launch import launcher_exit_code
     ordered = sorted(failures, key=lambda r: (failures[r].timestamp, r))
     return launcher_exit_code([int(failures[r].exitcode) for r in ordered])
 

@@ -138,28 +138,23 @@ def run_demo(out_root: str = "runs/demo", shards_root: str = "data_shards", over
 
 
 def _pretrain_on_ranks(overrides: list[str]) -> None:
-    """``mplug pretrain --config demo.yaml --nproc PRETRAIN_RANKS OVERRIDES``: ranks forked from this process where
-    they can be (cli/fork_launch.py: no fresh interpreter to import torch and DeepSpeed again), else in a child
-    process (its output goes to ours); raises if it fails."""
+    """``mplug pretrain --config demo.yaml --nproc PRETRAIN_RANKS OVERRIDES`` in a child process (its output goes
+    to ours; it forks its ranks where it can: utils/fork_launch.py); raises if it fails."""
     import subprocess
     import sys
-    argv = ["pretrain", "--config", DEMO_CONFIG, "--nproc", str(PRETRAIN_RANKS), *overrides]
-    if _can_fork():
-        from mplug_pretrain.cli.app import main
-        code = main([*argv, "distributed.rank_start=fork"])
-    else:
-        env = {k: v for k, v in os.environ.items() if k not in PROCESS_GROUP_VARIABLES}
-        env["OMP_NUM_THREADS"] = "1"
-        sys.stdout.flush()
-        code = subprocess.run([sys.executable, "-m", "mplug_pretrain", *argv], env=env, check=False).returncode
-    if code != 0:
-        raise RuntimeError(f"demo pretraining failed (exit code {code}): mplug {' '.join(argv)}")
+    env = {k: v for k, v in os.environ.items() if k not in PROCESS_GROUP_VARIABLES}
+    env["OMP_NUM_THREADS"] = "1"
+    sys.stdout.flush()
+    command = [sys.executable, "-m", "mplug_pretrain", "pretrain", "--config", DEMO_CONFIG,
+               "--nproc", str(PRETRAIN_RANKS), *overrides]
+    if subprocess.run(command, env=env, check=False).returncode != 0:
+        raise RuntimeError(f"demo pretraining failed: {' '.join(command)}")
 
 
 def _can_fork() -> bool:
-    """Whether child processes can be forked from this one (Linux, no CUDA device, one thread: cli/fork_launch.py);
+    """Whether child processes can be forked from this one (Linux, no CUDA device, one thread: utils/fork_launch.py);
     the parent's process-group variables are dropped first (each child starts a group of its own)."""
-    from mplug_pretrain.cli.fork_launch import prepare_fork
+    from mplug_pretrain.utils.fork_launch import prepare_fork
     for key in PROCESS_GROUP_VARIABLES:
         os.environ.pop(key, None)
     return prepare_fork() is None
@@ -173,7 +168,7 @@ def _run_lanes(pretrained: str, shards: dict, out_root: str, quick: bool) -> lis
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked DeepSpeed / OpenMP state
         with concurrent.futures.ProcessPoolExecutor(len(LANES), mp_context=context) as pool:
             return [future.result() for future in [pool.submit(_run_lane, i, *args) for i in range(len(LANES))]]
-    from mplug_pretrain.cli.fork_launch import run_then_exit
+    from mplug_pretrain.utils.fork_launch import run_then_exit
     results = [os.path.join(out_root, f"lane{i}.json") for i in range(len(LANES))]
     pids = {}
     for index, path in enumerate(results):

@@ -124,7 +124,7 @@ def test_sigterm_to_the_process_group_checkpoints_and_resumes(tmp_path):
                          ids=["SIGTERM-forked", "SIGUSR1-torchrun"])
 def test_a_stop_signal_to_the_nproc_launcher_saves_and_exits_0_without_a_traceback(tmp_path, sig, rank_start):
     """Issue 37, item 5: torchrun once exited 1 with a SignalException traceback (SIGTERM) or died of SIGUSR1.
-    Both launchers: forked ranks (cli/fork_launch.py) and torchrun's fresh interpreters (cli/torchrun_launch.py)."""
+    Both launchers: forked ranks (utils/fork_launch.py) and torchrun's fresh interpreters (cli/torchrun_launch.py)."""
     shards = write_shards(str(tmp_path / "shards"), shards=2)
     args = train_args(tmp_path, shards, "stop", steps=400,
                       extra=["run.log_every=1", f"distributed.rank_start={rank_start}"])

@@ -40,10 +40,10 @@ def run(args) -> int:
 
 
 def _start_ranks(args, rank_start: str) -> int:
-    """``--nproc N`` on one machine: N ranks forked from this process (cli/fork_launch.py), or, with a GPU or
+    """``--nproc N`` on one machine: N ranks forked from this process (utils/fork_launch.py), or, with a GPU or
     ``distributed.rank_start=exec``, this process becomes torchrun (does not return)."""
-    from mplug_pretrain.cli import fork_launch
     from mplug_pretrain.train.distributed import free_port
+    from mplug_pretrain.utils import fork_launch
     reason = "distributed.rank_start=exec" if rank_start == "exec" else fork_launch.prepare_fork()
     if reason is None:
         from mplug_pretrain.cli.exit_codes import run_command

@@ -97,7 +97,7 @@ def test_kill9_then_resume_equals_uninterrupted(tmp_path, demo_shards, two_rank_
     killed_at = latest.read_text().strip()
     assert "step00000004" <= killed_at < f"step{STEPS:08d}", killed_at
 
-    # the straight and the killed run forked their ranks (cli/fork_launch.py); the resumed half starts them as
+    # the straight and the killed run forked their ranks (utils/fork_launch.py); the resumed half starts them as
     # fresh interpreters under torchrun: the same bits either way
     proc = run_mplug(["pretrain", "--nproc", "2", *args, "distributed.rank_start=exec", "--resume", "latest"])
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""The forked ranks of ``mplug pretrain --nproc N`` without a GPU (cli/fork_launch.py), with small rank functions in
+"""The forked ranks of ``mplug pretrain --nproc N`` without a GPU (utils/fork_launch.py), with small rank functions in
 a launcher process of their own: what each rank sees, the exit code when ranks fail, the stop of the other ranks,
 and the signals passed on. On real 2-rank runs: the pretraining tests (tests/tasks/pretrain, tests/train), which
 fork by default; tests/tasks/pretrain/test_pretrain_engine.py resumes a forked run under torchrun bit for bit."""
@@ -13,7 +13,7 @@ from tests.helpers import REPO_ROOT
 
 LAUNCHER = r'''
 import json, os, signal, sys, time
-from mplug_pretrain.cli import fork_launch
+from mplug_pretrain.utils import fork_launch
 
 out, scenario = sys.argv[1], sys.argv[2]
 fork_launch.STOP_GRACE_SECONDS = 1.0
