@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mplug_pretrain.utils.host_syncs import HostSyncCounter, host_any
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, demo_vocab
 
 
 def test_counter_sees_direct_and_hidden_syncs_and_nothing_else():
@@ -28,10 +28,10 @@ def test_counter_sees_direct_and_hidden_syncs_and_nothing_else():
 
 
 @pytest.mark.slow
-def test_at_most_two_host_syncs_per_micro_step():
+def test_at_most_two_host_syncs_per_micro_step(demo_shards):
     code = ("import json; from mplug_pretrain.bench.host_syncs import count_micro_step_syncs; "
-            "print(json.dumps(count_micro_step_syncs(['distributed.precision=bf16'], warmup=1, steps=2, "
-            "stack_depth=3)))")
+            f"print(json.dumps(count_micro_step_syncs(['distributed.precision=bf16', *{demo_vocab(demo_shards)}], "
+            "warmup=1, steps=2, stack_depth=3)))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -55,11 +55,11 @@ def test_tolist_reads_are_counted_when_asked():
 
 
 @pytest.mark.slow
-def test_one_host_sync_per_optimizer_step_outside_log_steps():
+def test_one_host_sync_per_optimizer_step_outside_log_steps(demo_shards):
     """Whole optimizer steps through the loop (finiteness flag, step, momentum update, log record, checkpoint
     flag): our code reads the device once per step, twice at a log step (the pending records)."""
     code = ("import json; from mplug_pretrain.bench.host_syncs import count_optimizer_step_syncs; "
-            "print(json.dumps(count_optimizer_step_syncs(steps=4, log_every=2)))")
+            f"print(json.dumps(count_optimizer_step_syncs({demo_vocab(demo_shards)}, steps=4, log_every=2)))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
