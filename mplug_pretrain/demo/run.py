@@ -12,7 +12,6 @@ installation works end to end (the test suite's demo run), not the demo's figure
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import multiprocessing
 import os
 import shutil
@@ -162,39 +161,12 @@ def _can_fork() -> bool:
 
 def _run_lanes(pretrained: str, shards: dict, out_root: str, quick: bool) -> list[list[tuple[str, dict, float]]]:
     """Every lane side by side, each in a process of its own -> per lane [(stage name, its metrics, its seconds)].
-    Forked from this process where they can be (it imported every stage already), else fresh interpreters."""
-    args = (pretrained, shards, out_root, quick)
-    if not _can_fork():
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no forked DeepSpeed / OpenMP state
-        with concurrent.futures.ProcessPoolExecutor(len(LANES), mp_context=context) as pool:
-            return [future.result() for future in [pool.submit(_run_lane, i, *args) for i in range(len(LANES))]]
-    from mplug_pretrain.utils.fork_launch import run_then_exit
-    results = [os.path.join(out_root, f"lane{i}.json") for i in range(len(LANES))]
-    pids = {}
-    for index, path in enumerate(results):
-        pid = os.fork()
-        if pid == 0:
-            run_then_exit(lambda index=index, path=path: _lane_to_file(index, path, *args))
-        pids[pid] = index
-    failed = []
-    while pids:
-        pid, status = os.wait()
-        if os.waitstatus_to_exitcode(status) != 0:
-            failed.append(pids[pid])
-        del pids[pid]
-    if failed:
-        logs = ", ".join(os.path.join(out_root, f"lane{i}.log") for i in sorted(failed))
-        raise RuntimeError(f"demo: lane(s) {sorted(failed)} failed: see {logs}")
-    lanes = []
-    for path in results:
-        with open(path) as f:
-            lanes.append([tuple(done) for done in json.load(f)])
-    return lanes
-
-
-def _lane_to_file(index: int, path: str, *args) -> int:
-    write_json_atomic(path, _run_lane(index, *args))
-    return 0
+    Forked from this process where they can be (it imported every stage already; the pool forks its workers
+    before it starts a thread), else fresh interpreters (no forked DeepSpeed / OpenMP state)."""
+    context = multiprocessing.get_context("fork" if _can_fork() else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(len(LANES), mp_context=context) as pool:
+        lanes = [pool.submit(_run_lane, i, pretrained, shards, out_root, quick) for i in range(len(LANES))]
+        return [future.result() for future in lanes]
 
 
 def _mean(values: list[float]) -> float:
