@@ -43,6 +43,7 @@ def runs(module_mktemp) -> dict:
                                               ("nlvr2", "nlvr2", nlvr, 4, 16)):
         trained = run_mplug(["finetune", task, "--config", CONFIG, f"{section}.train_shards={data['train']}",
                              f"{section}.val_shards={data['val']}", f"optim.max_steps={steps}",
+                             f"run.checkpoint_every_steps={steps}",
                              f"run.output_dir={root}", f"run.name={section}", *COMMON, f"data.batch_size={batch}",
                              *(["run.eval_every_steps=2"] if task == "nlvr2" else [])],
                             timeout=1200)

@@ -36,7 +36,9 @@ def run(module_mktemp) -> dict:
                          "optim.warmup_steps=10", "optim.lr_rest=3e-4", "optim.lr_vision=3e-4", "data.batch_size=32",
                          "model.text.dropout=0.0", "model.decoder.dropout=0.0",
                          "grounding.loss_weighting=none",
-                         "run.log_every=10", f"run.eval_every_steps={STEPS}", f"run.output_dir={root}",
+                         "run.log_every=10", f"run.eval_every_steps={STEPS}",
+                         f"run.checkpoint_every_steps={STEPS}",  # no test here reads an earlier one (~1 s each)
+                         f"run.output_dir={root}",
                          "run.name=grounding"], timeout=3000)
     assert trained.returncode == 0, trained.stderr[-3000:]
     evaluated = call_mplug(["eval", "grounding", "--config", CONFIG, "--checkpoint", str(root / "grounding" / "model"),

@@ -12,9 +12,11 @@ import torch
 import mplug_pretrain  # noqa: F401  (torchvision shim before timm / open_clip)
 from mplug_pretrain.data.reading.loader_spec import LoaderSpec
 from mplug_pretrain.data.reading.pipeline import build_vqa_loader
+from mplug_pretrain.data.reading.urls import all_shards, expand_sources
 from mplug_pretrain.data.tokenizer import load_tokenizer, tokenize
 from mplug_pretrain.data.writers.easy_vqa import write_easy_vqa_shards
 from mplug_pretrain.data.writers.shard_writer import shard_pattern
+from mplug_pretrain.demo.vocab import shard_texts, vocab_size, write_demo_vocab
 from mplug_pretrain.demo.vqa_stage import majority_baseline, read_vqa_answers
 from mplug_pretrain.metrics.vqa_accuracy import vqa_accuracy
 from mplug_pretrain.models.generation.settings import AnswerSettings
@@ -127,12 +129,16 @@ def test_majority_baseline_counts_training_answers(shards):
 
 
 @pytest.fixture(scope="module")
-def trained_toy(shards):
+def trained_toy(shards, module_mktemp):
     """A tiny model whose decoder is trained (fixed random encoders, memories computed once) until it answers
-    colour, shape and yes/no questions differently."""
+    colour, shape and yes/no questions differently. Its vocabulary is the shards' own words (demo.vocab: BERT's
+    special ids, then every word of the questions and answers): a 30,522-word head made this fixture ~3x slower."""
+    vocab = write_demo_vocab(str(module_mktemp("toy_vocab")), shard_texts(
+        all_shards(expand_sources(f"{shards['train']}::{shards['val']}"))))
     torch.manual_seed(0)
-    tokenizer = load_tokenizer()
-    model = freeze_pretraining_heads(build_model("tiny", heads={"use_momentum": False}))
+    tokenizer = load_tokenizer(vocab)
+    model = freeze_pretraining_heads(build_model("tiny", heads={"use_momentum": False},
+                                                 text={"vocab_size": vocab_size(vocab)}))
     loader = build_vqa_loader(LoaderSpec.evaluation(shards["train"], 16), tokenizer, image_size=64, max_text_len=20,
                               augment=False)
     model.eval()
