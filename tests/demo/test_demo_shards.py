@@ -13,15 +13,17 @@ from mplug_pretrain.data.reading.urls import expand_sources
 from mplug_pretrain.demo.shards import ensure_demo_shards
 from tests.helpers import REPO_ROOT
 
+DATA_SHARDS = os.path.join(REPO_ROOT, "data_shards")
+
 
 @pytest.fixture(scope="module")
 def demo(demo_shards):
-    """(the folder holding data_shards/, the patterns ``ensure_demo_shards`` gives for it)"""
-    return REPO_ROOT, ensure_demo_shards(os.path.join(REPO_ROOT, "data_shards"))
+    """The patterns ``ensure_demo_shards`` gives for the checkout's data_shards/ (made by ``demo_shards``)."""
+    return ensure_demo_shards(DATA_SHARDS)
 
 
 def test_demo_shards_made_once_with_expected_sizes(demo):
-    parent, paths = demo
+    paths = demo
     totals = {}
     for key in ("pretrain_train", "pretrain_val", "caption_train", "caption_val", "vqa_train", "vqa_val", "video"):
         shards = expand_sources(paths[key])[0].shards
@@ -37,13 +39,12 @@ def test_demo_shards_made_once_with_expected_sizes(demo):
     with open(paths["vqa_answer_list"]) as f:
         assert len(json.load(f)) == 13
     mtime = os.path.getmtime(expand_sources(paths["pretrain_train"])[0].shards[0])
-    assert ensure_demo_shards(os.path.join(parent, "data_shards")) == paths  # made once: the second call rewrites nothing
+    assert ensure_demo_shards(DATA_SHARDS) == paths  # made once: the second call rewrites nothing
     assert os.path.getmtime(expand_sources(paths["pretrain_train"])[0].shards[0]) == mtime
 
 
 def test_dataloader_bench_quick(demo, tmp_path, monkeypatch):
-    parent, _ = demo
-    monkeypatch.chdir(parent)  # the bench uses ./data_shards
+    monkeypatch.chdir(REPO_ROOT)  # the bench uses ./data_shards
     result = dataloader_bench.run(str(tmp_path / "bench.json"), quick=True)
     with open(tmp_path / "bench.json") as f:
         assert json.load(f) == result
@@ -60,7 +61,7 @@ def test_demo_vocabulary_keeps_bert_special_ids_and_every_demo_text(demo):
     from mplug_pretrain.data.reading.urls import all_shards
     from mplug_pretrain.data.tokenizer import load_tokenizer
     from mplug_pretrain.demo.vocab import shard_texts, vocab_size
-    _, paths = demo
+    paths = demo
     small, bert = load_tokenizer(paths["tokenizer"]), load_tokenizer()
     for name in ("pad", "unk", "cls", "sep", "mask"):
         assert getattr(small, f"{name}_token_id") == getattr(bert, f"{name}_token_id"), name
