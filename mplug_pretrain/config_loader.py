@@ -11,12 +11,50 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any
 
 import yaml
 
 from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.utils.typed_dataclass import CommandLineValue
+
+
+def refuse_repeated_overrides(items: list[str]) -> None:
+    """Overrides typed on one command line: ConfigError when one key is given several times with the values of one
+    shell brace range. ``key=a-{000000..000001}.tar`` unquoted reaches us as ``key=a-000000.tar key=a-000001.tar``,
+    of which the last would silently win (one shard of two); the error shows the quoted pattern to type instead.
+    Other repeats keep their meaning: the last one wins (a script's defaults, then the user's)."""
+    values: dict[str, list[str]] = {}
+    for item in items:
+        if "=" in item:
+            key, raw = item.split("=", 1)
+            values.setdefault(key.strip(), []).append(raw)
+    for key, given in values.items():
+        pattern = _brace_range(given) if len(given) > 1 else None
+        if pattern:
+            shown = ", then ".join(repr(v) for v in given)
+            raise ConfigError(f"{key}: given {len(given)} times on the command line ({shown}): a shell expanded an "
+                              f"unquoted {{..}} range into one word per value; quote it: '{key}={pattern}'")
+
+
+def _brace_range(values: list[str]) -> str | None:
+    """``["a-000.tar", "a-001.tar", "a-002.tar"]`` -> ``"a-{000..002}.tar"``: the values a shell's brace
+    expansion of one range gives (the same text around one run of digits, consecutive numbers, zero-padded ones of
+    one width), else None. Bare numbers (``optim.max_steps=30``, then ``=31``) are not taken for a range."""
+    parts = [re.fullmatch(r"(.*?)(\d+)(\D*)", v) for v in values]
+    if not all(parts) or len({(m.group(1), m.group(3)) for m in parts}) != 1:
+        return None
+    if not (parts[0].group(1) or parts[0].group(3)):
+        return None
+    if any(m.group(2).startswith("0") and len(m.group(2)) > 1 for m in parts) and \
+            len({len(m.group(2)) for m in parts}) != 1:  # zero-padded ranges keep one width
+        return None
+    numbers = [int(m.group(2)) for m in parts]
+    if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        return None
+    first, last = parts[0], parts[-1]
+    return f"{first.group(1)}{{{first.group(2)}..{last.group(2)}}}{first.group(3)}"
 
 
 def parse_overrides(items: list[str]) -> dict:

@@ -87,3 +87,45 @@ def test_a_config_is_found_by_name_among_the_shipped_ones(tmp_path, monkeypatch)
         load_config("pretrain_tinyy", check_paths=False)
     with pytest.raises(ConfigError, match="config file not found"):
         load_config("elsewhere/pretrain_tiny.yaml", check_paths=False)
+
+
+def _bash_words(command_line: str) -> list[str]:
+    """The words bash itself makes of ``command_line`` (brace expansion, quotes), one per line."""
+    import subprocess
+    out = subprocess.run(["bash", "-c", f"printf '%s\\n' {command_line}"], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune grounding", "submit pretrain"])
+def test_an_unquoted_shard_range_expanded_by_the_shell_is_refused_with_the_quoted_pattern(command, tmp_path):
+    """The documented grounding recipe had ``grounding.train_shards=.../train-{000000..000001}.tar`` unquoted: in a
+    shell that is two overrides of one key, and the last (one shard of two) would silently win."""
+    from tests.helpers import call_mplug
+    pattern = f"{tmp_path}/train-{{000000..000002}}.tar"
+    key = "grounding.train_shards" if "grounding" in command else "data.train_shards"
+    words = _bash_words(f"{key}={pattern}")
+    assert len(words) == 3  # bash, not this test, expands the range
+    extra = ["--dry-run", "--nodes", "1", "--time", "00:10:00"] if command.startswith("submit") else []
+    proc = call_mplug([*command.split(), "--config", "pretrain_tiny", *words, f"run.output_dir={tmp_path / 'runs'}",
+                       *extra])
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"mplug: config error: {key}: given 3 times on the command line"), proc.stderr
+    assert f"'{key}={pattern}'" in proc.stderr  # the quoted pattern to type instead
+    assert _bash_words(f"'{key}={pattern}'") == [f"{key}={pattern}"]  # ... which bash leaves as one word
+    assert not (tmp_path / "runs").exists()
+
+
+def test_other_repeats_keep_last_one_wins():
+    """Only a brace range's expansion is refused; a script's default then the user's value stays legal."""
+    from mplug_pretrain.config_loader import refuse_repeated_overrides
+    for items in (["optim.max_steps=30", "optim.max_steps=31"], ["run.name=a", "run.name=b"],
+                  ["run.name=a-000", "run.name=a-002"],  # not consecutive
+                  ["run.name=a-000", "run.name=b-001"]):  # other text around the number
+        refuse_repeated_overrides(items)  # no error
+        key, value = items[-1].split("=")
+        section, field = key.split(".")
+        assert str(getattr(getattr(load_config(None, items, check_paths=False), section), field)) == value
+    assert load_config(None, ["optim.max_steps=30", "optim.max_steps=31"], check_paths=False).optim.max_steps == 31
+    with pytest.raises(ConfigError, match=r"^data.train_shards: given 2 times on the command line \('s/a-9.tar', "
+                                          r"then 's/a-10.tar'\): .* quote it: 'data.train_shards=s/a-\{9..10\}.tar'$"):
+        refuse_repeated_overrides(["data.train_shards=s/a-9.tar", "run.name=x", "data.train_shards=s/a-10.tar"])

@@ -212,6 +212,33 @@ def _runs_for_real(argv: list[str]) -> bool:
     return argv[0] == "eval" and any(a.startswith("eval.shards=data_shards/") for a in argv)
 
 
+def unquoted_brace_ranges(command: str) -> list[str]:
+    """The ``{a..b}`` ranges of ``command`` outside quotes: a shell expands each into one word per value
+    (``k=a-{0..1}.tar`` -> ``k=a-0.tar k=a-1.tar``), which shlex.split, used below, does not do."""
+    found, quote = [], None
+    for i, char in enumerate(command):
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "{":
+            match = re.match(r"\{\d+\.\.\d+\}", command[i:])
+            if match:
+                found.append(match.group(0))
+    return found
+
+
+def test_unquoted_brace_ranges_are_found():
+    assert unquoted_brace_ranges("mplug x k=a-{000..001}.tar 'j=b-{0..9}.tar' \"m={1..2}\"") == ["{000..001}"]
+
+
+@pytest.mark.parametrize("source, command", COMMANDS, ids=[f"{s}:{c[:60]}" for s, c in COMMANDS])
+def test_a_shard_range_is_quoted(source, command):
+    """Pasted into a shell, an unquoted range becomes several overrides of one key (refused since: a key given
+    twice, config_loader.refuse_repeated_overrides); the documents quote each one."""
+    assert not unquoted_brace_ranges(command), f"{source}: quote the override holding the range: {command}"
+
+
 # make-shards first: later recipes read what they write
 ORDERED = sorted(COMMANDS, key=lambda sc: not sc[1].startswith("mplug make-shards"))
 
