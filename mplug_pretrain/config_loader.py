@@ -20,7 +20,7 @@ from mplug_pretrain.errors import ConfigError
 from mplug_pretrain.utils.typed_dataclass import CommandLineValue
 
 
-def refuse_repeated_overrides(items: list[str]) -> None:
+def refuse_expanded_brace_ranges(items: list[str]) -> None:
     """Overrides typed on one command line: ConfigError when one key is given several times with the values of one
     shell brace range. ``key=a-{000000..000001}.tar`` unquoted reaches us as ``key=a-000000.tar key=a-000001.tar``,
     of which the last would silently win (one shard of two); the error shows the quoted pattern to type instead.

@@ -117,15 +117,15 @@ def test_an_unquoted_shard_range_expanded_by_the_shell_is_refused_with_the_quote
 
 def test_other_repeats_keep_last_one_wins():
     """Only a brace range's expansion is refused; a script's default then the user's value stays legal."""
-    from mplug_pretrain.config_loader import refuse_repeated_overrides
+    from mplug_pretrain.config_loader import refuse_expanded_brace_ranges
     for items in (["optim.max_steps=30", "optim.max_steps=31"], ["run.name=a", "run.name=b"],
                   ["run.name=a-000", "run.name=a-002"],  # not consecutive
                   ["run.name=a-000", "run.name=b-001"]):  # other text around the number
-        refuse_repeated_overrides(items)  # no error
+        refuse_expanded_brace_ranges(items)  # no error
         key, value = items[-1].split("=")
         section, field = key.split(".")
         assert str(getattr(getattr(load_config(None, items, check_paths=False), section), field)) == value
     assert load_config(None, ["optim.max_steps=30", "optim.max_steps=31"], check_paths=False).optim.max_steps == 31
     with pytest.raises(ConfigError, match=r"^data.train_shards: given 2 times on the command line \('s/a-9.tar', "
                                           r"then 's/a-10.tar'\): .* quote it: 'data.train_shards=s/a-\{9..10\}.tar'$"):
-        refuse_repeated_overrides(["data.train_shards=s/a-9.tar", "run.name=x", "data.train_shards=s/a-10.tar"])
+        refuse_expanded_brace_ranges(["data.train_shards=s/a-9.tar", "run.name=x", "data.train_shards=s/a-10.tar"])

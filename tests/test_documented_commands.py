@@ -235,7 +235,7 @@ def test_unquoted_brace_ranges_are_found():
 @pytest.mark.parametrize("source, command", COMMANDS, ids=[f"{s}:{c[:60]}" for s, c in COMMANDS])
 def test_a_shard_range_is_quoted(source, command):
     """Pasted into a shell, an unquoted range becomes several overrides of one key (refused since: a key given
-    twice, config_loader.refuse_repeated_overrides); the documents quote each one."""
+    twice, config_loader.refuse_expanded_brace_ranges); the documents quote each one."""
     assert not unquoted_brace_ranges(command), f"{source}: quote the override holding the range: {command}"
 
 

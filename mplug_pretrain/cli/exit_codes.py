@@ -11,8 +11,11 @@ from mplug_pretrain.errors import ConfigError, DataError, PeerRankError
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """The parsed command, its user-fixable errors turned into one ``mplug: ...`` line and an exit code."""
+    """The parsed command, its user-fixable errors turned into one ``mplug: ...`` line and an exit code. A command's
+    ``key=value`` overrides are checked first for a shard range the shell expanded (``refuse_expanded_brace_ranges``)."""
+    from mplug_pretrain.config_loader import refuse_expanded_brace_ranges
     try:
+        refuse_expanded_brace_ranges(getattr(args, "overrides", None) or [])
         return int(args.func(args) or 0)
     except ConfigError as err:
         print(f"mplug: config error: {err}", file=sys.stderr)

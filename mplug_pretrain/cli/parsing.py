@@ -29,9 +29,6 @@ def add_config_args(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def load_config_from_args(args: argparse.Namespace, check_paths: bool | str = True):
-    """The validated run config named by ``--config`` with the overrides applied (a shard range the shell expanded
-    into several overrides of one key refused: ``config_loader.refuse_repeated_overrides``)."""
+    """The validated run config named by ``--config`` with the overrides applied."""
     from mplug_pretrain.config import load_config
-    from mplug_pretrain.config_loader import refuse_repeated_overrides
-    refuse_repeated_overrides(args.overrides)
     return load_config(args.config, args.overrides, check_paths=check_paths)

@@ -56,11 +56,11 @@ def build_job(kind: str, args: argparse.Namespace, eval_tasks: Collection[str] =
     """Validates the config (with its overrides) and the options; returns the job to render. ``eval_tasks``:
     the task names ``mplug eval`` offers (an eval job's tasks must be among them)."""
     from mplug_pretrain.config import load_config
-    from mplug_pretrain.config_loader import refuse_repeated_overrides
+    from mplug_pretrain.config_loader import refuse_expanded_brace_ranges
 
     if kind == "eval":
         split_checkpoint_overrides(args)
-    refuse_repeated_overrides(args.overrides)  # the job would refuse them on the nodes: refused here instead
+        refuse_expanded_brace_ranges(args.overrides)  # again (cli/exit_codes.py checked): with the words it moved
     # an eval job reads only what `mplug eval` reads: the training shards need not exist where it runs
     cfg = load_config(args.config, args.overrides, check_paths="eval" if kind == "eval" else True)
     if kind == "pretrain":

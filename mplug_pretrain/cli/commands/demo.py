@@ -13,10 +13,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from mplug_pretrain.config_loader import refuse_repeated_overrides
     from mplug_pretrain.demo.run import run_demo
     from mplug_pretrain.train.distributed import shutdown_distributed
-    refuse_repeated_overrides(args.overrides)
     try:
         run_demo(args.out, args.shards, args.overrides, quick=args.quick)
     finally:
